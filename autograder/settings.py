@@ -1,0 +1,28 @@
+"""Grading settings shared by the instructor's nbgrader config and ``course check``."""
+
+COURSE_ID = "resilient-backend-patterns"
+#: nbgrader's per-cell limit: a cell running longer is interrupted and scores 0.
+CELL_TIMEOUT = 120
+#: ``course check``'s hard limit on one whole grading run, past which it kills the kernel.
+RUN_TIMEOUT = 600
+
+
+def apply(c, root: str) -> None:
+    """Fill an nbgrader config object ``c`` for a course rooted at ``root``."""
+    c.CourseDirectory.course_id = COURSE_ID
+    c.CourseDirectory.root = root
+    c.CourseDirectory.source_directory = "solutions"
+    c.CourseDirectory.release_directory = "notebooks"
+    c.CourseDirectory.submitted_directory = "submitted"
+    c.CourseDirectory.autograded_directory = "autograded"
+    c.CourseDirectory.feedback_directory = "feedback"
+    c.CourseDirectory.db_url = f"sqlite:///{root}/gradebook.db"
+    # everything but the notebook itself stays out of the released folder
+    c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback"]
+    c.Execute.timeout = CELL_TIMEOUT
+    c.Execute.interrupt_on_timeout = True
+    c.ExecutePreprocessor.timeout = CELL_TIMEOUT
+    c.OverwriteCells.add_missing_cells = True
+    c.ClearSolutions.code_stub = {"python": '# YOUR CODE HERE\nraise NotImplementedError("not done yet")'}
+    c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+    c.GenerateAssignment.create_assignment = True

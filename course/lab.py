@@ -1,0 +1,312 @@
+"""Isolated namespaces on the live servers: one per notebook kernel, test or grading run.
+
+A namespace is a PostgreSQL database of its own (created, then dropped) and a Redis
+logical database of its own (claimed, flushed, then released), so nothing leaks between
+runs and two runs can go on at once on the same servers.
+
+    from course import lab
+    ns = lab.current()                 # this process's namespace, made on first use
+    pool = await ns.pool()             # psycopg AsyncConnectionPool on its database
+    r = ns.redis()                     # redis.asyncio.Redis on its logical database
+
+    async with lab.scratch() as ns2:   # a fresh, throwaway namespace (graders use this)
+        ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import redis as redis_sync
+from psycopg import sql
+
+from course import backends
+
+CLAIM_PREFIX = "course:namespace:"
+CLAIM_TTL = 24 * 3600  # a claim whose owner vanished expires after a day at most
+_HOST = socket.gethostname()
+
+
+def _redis_url_with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = dict(parse_qsl(parts.query))
+        query["db"] = str(db)
+        return f"unix://{parts.path}?{urlencode(query)}"
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+def _database_url_with_name(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def _owner() -> dict:
+    return {"host": _HOST, "pid": os.getpid(), "created": time.time()}
+
+
+def _owner_dead(owner: dict) -> bool:
+    if owner.get("host") != _HOST:
+        return time.time() - owner.get("created", 0) > CLAIM_TTL
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, ValueError, TypeError):
+        return False
+    return False
+
+
+@dataclass
+class Namespace:
+    """One isolated database + Redis logical database on the live servers."""
+
+    name: str
+    database_url: str
+    redis_url: str
+    redis_db: int
+    servers: backends.Servers
+    _pools: list = field(default_factory=list, repr=False)
+    _clients: list = field(default_factory=list, repr=False)
+    closed: bool = False
+
+    @property
+    def key_prefix(self) -> str:
+        """Prefix for names Redis does not scope by database (pub/sub channels)."""
+        return f"{self.name}:"
+
+    # sync helpers -------------------------------------------------------------
+    def connect(self, **kwargs) -> psycopg.Connection:
+        """A plain psycopg connection (autocommit) to this namespace's database."""
+        kwargs.setdefault("autocommit", True)
+        return psycopg.connect(self.database_url, **kwargs)
+
+    def redis_sync(self, **kwargs) -> redis_sync.Redis:
+        kwargs.setdefault("decode_responses", True)
+        return redis_sync.Redis.from_url(self.redis_url, **kwargs)
+
+    # async helpers ------------------------------------------------------------
+    def redis(self, **kwargs):
+        """A ``redis.asyncio.Redis`` client on this namespace's logical database."""
+        import redis.asyncio as aioredis
+
+        kwargs.setdefault("decode_responses", True)
+        client = aioredis.Redis.from_url(self.redis_url, **kwargs)
+        self._clients.append(client)
+        return client
+
+    async def pool(self, min_size: int = 1, max_size: int = 10, **kwargs):
+        """An opened ``psycopg_pool.AsyncConnectionPool`` on this namespace's database."""
+        from psycopg_pool import AsyncConnectionPool
+
+        kwargs.setdefault("kwargs", {"autocommit": True})
+        pool = AsyncConnectionPool(self.database_url, min_size=min_size, max_size=max_size, open=False, **kwargs)
+        await pool.open(wait=True)
+        self._pools.append(pool)
+        return pool
+
+    async def aclose(self) -> None:
+        """Close the pools and clients handed out (the namespace itself stays)."""
+        while self._pools:
+            await self._pools.pop().close()
+        while self._clients:
+            client = self._clients.pop()
+            try:
+                await client.aclose()
+            except Exception:  # noqa: BLE001 - its loop may be gone already
+                pass
+
+    def drop(self) -> None:
+        """Drop the database and flush and release the Redis logical database."""
+        if self.closed:
+            return
+        self.closed = True
+        _drop_database(self.servers.database_url, self.name)
+        _release_redis_db(self.servers.redis_url, self.redis_db)
+
+
+# ----------------------------------------------------------------------------- PostgreSQL
+
+
+def _admin(url: str) -> psycopg.Connection:
+    return psycopg.connect(url, autocommit=True, connect_timeout=10)
+
+
+def _create_database(admin_url: str, name: str) -> None:
+    with _admin(admin_url) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(json.dumps(_owner())))
+        )
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    try:
+        with _admin(admin_url) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    except psycopg.Error:
+        pass
+
+
+def reap_databases(admin_url: str) -> list[str]:
+    """Drop ``course_*`` databases whose owner process is gone (a killed kernel, say)."""
+    dropped = []
+    with _admin(admin_url) as conn:
+        rows = conn.execute(
+            "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database WHERE datname LIKE 'course\\_%'"
+        ).fetchall()
+    for name, comment in rows:
+        try:
+            owner = json.loads(comment or "{}")
+        except ValueError:
+            continue
+        if owner and _owner_dead(owner):
+            _drop_database(admin_url, name)
+            dropped.append(name)
+    return dropped
+
+
+# ----------------------------------------------------------------------------- Redis
+
+
+def _claim_redis_db(base_url: str) -> int:
+    client = redis_sync.Redis.from_url(_redis_url_with_db(base_url, 0), decode_responses=True)
+    try:
+        try:
+            available = int(client.config_get("databases").get("databases", 16))
+        except redis_sync.ResponseError:
+            available = 16
+        for db in range(1, available):
+            key = f"{CLAIM_PREFIX}{db}"
+            current = client.get(key)
+            if current is not None:
+                try:
+                    owner = json.loads(current)
+                except ValueError:
+                    owner = {}
+                if not _owner_dead(owner):
+                    continue
+                client.delete(key)
+            if client.set(key, json.dumps(_owner()), nx=True, ex=CLAIM_TTL):
+                redis_sync.Redis.from_url(_redis_url_with_db(base_url, db)).flushdb()
+                return db
+        raise backends.BackendError(
+            f"all {available - 1} Redis logical databases are claimed; stop other runs or raise 'databases'"
+        )
+    finally:
+        client.close()
+
+
+def _release_redis_db(base_url: str, db: int) -> None:
+    try:
+        with redis_sync.Redis.from_url(_redis_url_with_db(base_url, db)) as client:
+            client.flushdb()
+        with redis_sync.Redis.from_url(_redis_url_with_db(base_url, 0)) as client:
+            client.delete(f"{CLAIM_PREFIX}{db}")
+    except redis_sync.RedisError:
+        pass
+
+
+# ----------------------------------------------------------------------------- lifecycle
+
+_lock = threading.Lock()
+_current: Namespace | None = None
+_open: list[Namespace] = []
+_reaped = False
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:20] or "run"
+
+
+def create(label: str = "run") -> Namespace:
+    """Make a new namespace on the live servers (dropped at exit if you forget)."""
+    global _reaped
+    srv = backends.servers()
+    if not _reaped:
+        _reaped = True
+        try:
+            reap_databases(srv.database_url)
+        except psycopg.Error:
+            pass
+    name = f"course_{_slug(label)}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    _create_database(srv.database_url, name)
+    try:
+        db = _claim_redis_db(srv.redis_url)
+    except BaseException:
+        _drop_database(srv.database_url, name)
+        raise
+    ns = Namespace(
+        name=name,
+        database_url=_database_url_with_name(srv.database_url, name),
+        redis_url=_redis_url_with_db(srv.redis_url, db),
+        redis_db=db,
+        servers=srv,
+    )
+    with _lock:
+        _open.append(ns)
+    backends._install_handlers()
+    return ns
+
+
+def current(label: str | None = None) -> Namespace:
+    """This process's namespace (a notebook kernel's), made on first use."""
+    global _current
+    with _lock:
+        existing = _current
+    if existing is not None and not existing.closed:
+        return existing
+    ns = create(label or os.environ.get("COURSE_LABEL", "kernel"))
+    with _lock:
+        _current = ns
+    return ns
+
+
+@asynccontextmanager
+async def scratch(label: str = "scratch"):
+    """A fresh namespace for one check or test, dropped afterwards."""
+    import asyncio
+
+    ns = await asyncio.to_thread(create, label)
+    try:
+        yield ns
+    finally:
+        await ns.aclose()
+        await asyncio.to_thread(_forget, ns)
+
+
+@contextmanager
+def scratch_sync(label: str = "scratch"):
+    ns = create(label)
+    try:
+        yield ns
+    finally:
+        _forget(ns)
+
+
+def _forget(ns: Namespace) -> None:
+    ns.drop()
+    with _lock:
+        if ns in _open:
+            _open.remove(ns)
+
+
+def close_all() -> None:
+    """Drop every namespace this process made (called at exit)."""
+    global _current
+    with _lock:
+        pending = list(_open)
+        _open.clear()
+        _current = None
+    for ns in pending:
+        ns.drop()

