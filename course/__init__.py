@@ -6,3 +6,10 @@ Redis and PostgreSQL; :mod:`course.faults` holds the fault tools.
 """
 
 __version__ = "0.1.0"
+
+
+def grading() -> bool:
+    """True while nbgrader grades a notebook: demos may shrink their sizes, never their logic."""
+    import os
+
+    return os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate")
