@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ class CheckResult:
     max_score: float
     tasks: list[TaskResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    cell_errors: list[str] = field(default_factory=list)  # non-test cells that raised
     seconds: float = 0.0
 
     def as_json(self) -> dict:
@@ -122,6 +124,22 @@ def identify(path: Path, nb: dict) -> str:
 # ----------------------------------------------------------------------------- grading
 
 
+def _cache_dir(source: Path) -> Path:
+    """Where the gradebook generated from this exact source (and nbgrader) is kept."""
+    import hashlib
+
+    import nbgrader
+
+    from course.backends import state_dir
+
+    digest = hashlib.sha256(nbgrader.__version__.encode())
+    for path in sorted(source.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and not path.name.startswith("."):
+            digest.update(path.relative_to(source).as_posix().encode())
+            digest.update(path.read_bytes())
+    return state_dir() / "check-cache" / f"{source.name}-{digest.hexdigest()[:16]}"
+
+
 def _write_config(root: Path) -> None:
     (root / "nbgrader_config.py").write_text(
         "import sys\n"
@@ -149,7 +167,11 @@ def _child_env() -> dict:
 
 
 def _run_job(root: Path, assignment: str, timeout: float) -> tuple[bool, str]:
-    """Run generate_assignment + autograde in a child; kill its whole group past ``timeout``."""
+    """Run generate_assignment + autograde in a child; kill its whole group when it is stuck.
+
+    Stuck means past ``timeout``, or a second cell timing out: after a cell ignored
+    nbgrader's interrupt, every later cell would wait out its own time limit in turn.
+    """
     proc = subprocess.Popen(
         [sys.executable, "-m", "autograder.nbgrader_job", str(root), assignment, STUDENT],
         cwd=root,
@@ -159,14 +181,33 @@ def _run_job(root: Path, assignment: str, timeout: float) -> tuple[bool, str]:
         text=True,
         start_new_session=True,
     )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with _suppress():
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return False, f"grading took longer than {timeout:g} s and was stopped\n{out[-2000:]}"
-    return proc.returncode == 0, out
+    lines: list[str] = []
+    stuck = threading.Event()
+
+    def read() -> None:
+        interrupts = 0
+        for line in proc.stdout:
+            lines.append(line)
+            if "Interrupting kernel" in line:
+                interrupts += 1
+                if interrupts >= 2:
+                    stuck.set()
+        stuck.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    stuck.wait(timeout)  # set at the end of the output too
+    if proc.poll() is None:
+        try:
+            proc.wait(2)
+        except subprocess.TimeoutExpired:
+            with _suppress():
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            reader.join(5)
+            return False, "grading was stopped: a cell kept running after its time limit\n" + "".join(lines[-20:])
+    reader.join(5)
+    return proc.returncode == 0, "".join(lines)
 
 
 class _suppress:
@@ -190,13 +231,26 @@ def _find_hanging_cells(nb_path: Path, timeout: float) -> list[int]:
     return json.loads(match.group(1)) if match else []
 
 
-def _results(root: Path, assignment: str, nb_name: str, source: dict) -> list[TaskResult]:
+def _cell_errors(graded_nb: dict) -> list[str]:
+    """``cell N: NameError: ...`` for every cell outside the test cells that raised."""
+    found = []
+    for index, cell in enumerate(graded_nb["cells"]):
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                found.append(f"cell {index + 1}: {out.get('ename')}: {_ANSI.sub('', out.get('evalue', ''))[:200]}")
+    return found
+
+
+def _results(root: Path, assignment: str, nb_name: str, source: dict, into: CheckResult) -> list[TaskResult]:
     from nbgrader.api import Gradebook
 
     autograded = root / "autograded" / STUDENT / assignment / f"{nb_name}.ipynb"
     outputs: dict[str, str] = {}
     if autograded.exists():
         graded_nb = json.loads(autograded.read_text())
+        into.cell_errors = _cell_errors(graded_nb)
         for cell in graded_nb["cells"]:
             gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
             if gid:
@@ -250,11 +304,21 @@ def check(path: str | Path, *, timeout: float = settings.RUN_TIMEOUT, keep: bool
     root = Path(tempfile.mkdtemp(prefix="course-check-"))
     try:
         _write_config(root)
-        shutil.copytree(source_nb.parent, root / "source" / assignment, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+        shutil.copytree(
+            source_nb.parent, root / "source" / assignment, ignore=shutil.ignore_patterns(".*", "__pycache__")
+        )
+        cached = _cache_dir(source_nb.parent) / "gradebook.db"
+        if cached.exists():
+            shutil.copy2(cached, root / "gradebook.db")
         submitted = root / "submitted" / STUDENT / assignment
         submitted.mkdir(parents=True)
         (submitted / f"{nb_name}.ipynb").write_text(json.dumps(nb))
         ok, log = _run_job(root, assignment, timeout)
+        if (root / "gradebook.generated.db").exists() and not cached.exists():
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copy2(root / "gradebook.generated.db", partial)
+            os.replace(partial, cached)  # atomic: concurrent checks never read half a file
         if not ok or "GRADED" not in log:
             cut = _find_hanging_cells(submitted / f"{nb_name}.ipynb", settings.CELL_TIMEOUT)
             if cut:
@@ -265,9 +329,12 @@ def check(path: str | Path, *, timeout: float = settings.RUN_TIMEOUT, keep: bool
                 shutil.rmtree(root / "autograded", ignore_errors=True)
                 ok, log = _run_job(root, assignment, timeout)
             if not ok or "GRADED" not in log:
-                result.notes.append("nbgrader could not grade this notebook: " + log.strip().splitlines()[-1:][0]
-                                    if log.strip() else "nbgrader could not grade this notebook")
-        result.tasks = _results(root, assignment, nb_name, source)
+                result.notes.append(
+                    "nbgrader could not grade this notebook: " + log.strip().splitlines()[-1:][0]
+                    if log.strip()
+                    else "nbgrader could not grade this notebook"
+                )
+        result.tasks = _results(root, assignment, nb_name, source, result)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -172,6 +172,26 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}{': ' + text if text else ''}{where}"
 
 
+class _Abandoned(BaseException):
+    """Injected into a check thread that outlived its limit, to stop it spinning."""
+
+
+def _stop_thread(worker: threading.Thread, seconds: float = 2.0) -> None:
+    """Keep raising :class:`_Abandoned` in ``worker`` until it ends (or ``seconds`` pass).
+
+    A loop that swallows every exception catches most of them, but sooner or later one
+    lands outside its ``try``. A thread blocked in C (a long ``time.sleep``) ends later.
+    """
+    import ctypes
+
+    deadline = time.monotonic() + seconds
+    while worker.is_alive() and time.monotonic() < deadline:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_Abandoned))
+        worker.join(0.01)
+    if worker.is_alive():  # clear the pending exception we may have left behind
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), None)
+
+
 def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
     """Run one task's check against names taken from ``namespace``; never raises."""
     start = time.perf_counter()
@@ -195,6 +215,8 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
             outcome["done"] = True
         except Stop:
             outcome["done"] = True
+        except _Abandoned:
+            outcome["abandoned"] = True
         except (asyncio.TimeoutError, TimeoutError) as err:
             outcome["error"] = err
             outcome["timeout"] = True
@@ -217,10 +239,12 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
         warnings.simplefilter("ignore")
         worker = threading.Thread(target=body, name=f"check-{t.id}", daemon=True)
         worker.start()
-        worker.join(t.timeout + 5)
-    if worker.is_alive():
+        worker.join(t.timeout + 2)
+        if worker.is_alive():
+            _stop_thread(worker)
+    if worker.is_alive() or outcome.get("abandoned"):
         r.fail(
-            f"cut after {t.timeout + 5:g} s: the code under test did not return. Does it loop forever, "
+            f"cut after {t.timeout + 2:g} s: the code under test did not return. Does it loop forever, "
             "sleep for real instead of awaiting the injected sleep, or swallow cancellation?",
             stop=False,
         )
@@ -228,17 +252,17 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
         r.fail(f"not done yet: {', '.join(t.needs)} raises NotImplementedError", stop=False)
     elif outcome.get("timeout"):
         r.fail(
-            f"cut after {t.timeout:g} s (virtual time is instant, so something waited on real time or "
-            "never finished)",
+            f"cut after {t.timeout:g} s (virtual time is instant, so something waited on real time or never finished)",
             stop=False,
         )
     elif "error" in outcome:
         r.fail(f"your code raised {_describe(outcome['error'])}", stop=False)
 
-    if t.partial and r.fraction is not None and not worker.is_alive() and "error" not in outcome:
+    cut = worker.is_alive() or outcome.get("abandoned")
+    if t.partial and r.fraction is not None and not cut and "error" not in outcome:
         points = round(t.points * max(0.0, min(1.0, r.fraction)), 2)
     else:
-        points = t.points if r.failures == 0 and not worker.is_alive() else 0.0
+        points = t.points if r.failures == 0 and not cut else 0.0
     return Result(t.id, points, t.points, r.lines, time.perf_counter() - start)
 
 

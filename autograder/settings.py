@@ -1,10 +1,12 @@
 """Grading settings shared by the instructor's nbgrader config and ``course check``."""
 
+import os
+
 COURSE_ID = "resilient-backend-patterns"
 #: nbgrader's per-cell limit: a cell running longer is interrupted and scores 0.
-CELL_TIMEOUT = 120
+CELL_TIMEOUT = int(os.environ.get("COURSE_CELL_TIMEOUT", "60"))
 #: ``course check``'s hard limit on one whole grading run, past which it kills the kernel.
-RUN_TIMEOUT = 600
+RUN_TIMEOUT = int(os.environ.get("COURSE_RUN_TIMEOUT", "600"))
 
 
 def apply(c, root: str) -> None:

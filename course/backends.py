@@ -179,6 +179,7 @@ def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[s
                 'save ""',
                 "appendonly no",
                 f"dir {directory}",
+                f"pidfile {directory / 'redis.pid'}",
                 "loglevel warning",
                 f"logfile {directory / 'redis.log'}",
             ]
@@ -266,7 +267,7 @@ def stop_embedded(run: Path, *, redis_proc=None, pg=None) -> None:
         except subprocess.TimeoutExpired:
             redis_proc.kill()
     elif redis_proc is None:
-        _kill_pidfile_less(run / "redis" / "redis.conf")
+        _kill_from_pidfile(run / "redis" / "redis.pid")
     if pg is not None:
         try:
             pg.cleanup()
@@ -291,18 +292,17 @@ def _pg_ctl_stop(pgdata: Path) -> None:
         pass
 
 
-def _kill_pidfile_less(conf: Path) -> None:
-    """Find a redis-server started with ``conf`` and stop it (used by the reaper)."""
-    import psutil
-
-    for proc in psutil.process_iter(attrs=("cmdline",)):
-        cmd = proc.info.get("cmdline") or []
-        if str(conf) in cmd:
-            proc.terminate()
-            try:
-                proc.wait(3)
-            except psutil.TimeoutExpired:
-                proc.kill()
+def _kill_from_pidfile(pidfile: Path) -> None:
+    """Stop the redis-server whose pid is in ``pidfile`` (used by the watchdog and the reaper)."""
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError, IndexError):
+        pass
 
 
 def _alive(pid: int) -> bool:

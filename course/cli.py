@@ -1,9 +1,9 @@
 """The ``course`` command.
 
-    course doctor            is everything a learner needs here, and working?
-    course up / course down  start / stop shared servers for a JupyterLab session
-    course lab [ARGS...]     servers up, JupyterLab on the workbook, servers down on exit
-    course check PATH        grade a notebook as the instructor's autograde would
+course doctor            is everything a learner needs here, and working?
+course up / course down  start / stop shared servers for a JupyterLab session
+course lab [ARGS...]     servers up, JupyterLab on the workbook, servers down on exit
+course check PATH        grade a notebook as the instructor's autograde would
 """
 
 from __future__ import annotations

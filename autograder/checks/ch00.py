@@ -24,7 +24,7 @@ async def check_count_visit(r: Report, count_visit) -> None:
 
         pages = ["home"] * 19 + ["about"] * 5
         got = await asyncio.gather(*(count_visit(redis, pool, p) for p in pages))
-        home = sorted(v for p, v in zip(pages, got) if p == "home")
+        home = sorted(v for p, v in zip(pages, got, strict=True) if p == "home")
         r.note("then 24 visits at once: 19 more of 'home', 5 of 'about'")
         repeated = [v for v, n in Counter(home).items() if n > 1]
         r.expect(
@@ -41,7 +41,9 @@ async def check_count_visit(r: Report, count_visit) -> None:
             f"Redis holds {values}, expected {{'visits:about': '5', 'visits:home': '20'}}",
         )
         async with pool.connection() as conn:
-            rows = await (await conn.execute("SELECT page, count(*) FROM visits GROUP BY page ORDER BY page")).fetchall()
+            rows = await (
+                await conn.execute("SELECT page, count(*) FROM visits GROUP BY page ORDER BY page")
+            ).fetchall()
         r.expect(
             dict(rows) == {"about": 5, "home": 20},
             f"PostgreSQL visits rows per page: {dict(rows)}, expected {{'about': 5, 'home': 20}}",

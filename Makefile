@@ -1,0 +1,42 @@
+# Two commands for learners: `make lab` and `make test`. Python >= 3.10 and make are all they need.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+READY  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: lab test test-browser release doctor check bench clean
+
+$(READY): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python >= 3.10 is needed, found " + sys.version.split()[0])'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(READY)
+
+## JupyterLab on the workbook, with live Redis and PostgreSQL (stopped when you quit)
+lab: $(READY)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/course lab
+
+## The whole test suite: course/ units, every chapter notebook, grading contracts, nbgrader flow
+test: $(READY)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadgroup --ignore=tests/browser $(PYTEST_ARGS)
+
+## JupyterLab driven by headless Chromium (installs chromium and playwright when missing)
+test-browser: $(READY)
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/browser/setup.sh
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -p no:xdist tests/browser $(PYTEST_ARGS)
+
+## Regenerate the student notebooks in notebooks/ from solutions/ with nbgrader
+release: $(READY)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m autograder.release
+
+doctor: $(READY)
+	$(BIN)/course doctor
+
+## Measured, not asserted: server cold starts, notebook run times, course check times
+bench: $(READY)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) gradebook.db submitted autograded feedback .pytest_cache

@@ -1,0 +1,28 @@
+"""Shared fixtures: every test process gets live servers on first use and stops them at exit."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import pytest_asyncio
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture
+def ns():
+    """A fresh, isolated namespace (database + Redis logical database) for one sync test."""
+    from course import lab
+
+    with lab.scratch_sync("test") as namespace:
+        yield namespace
+
+
+@pytest_asyncio.fixture
+async def ans():
+    """The same for an async test; pools and clients it hands out are closed afterwards."""
+    from course import lab
+
+    async with lab.scratch("test") as namespace:
+        yield namespace

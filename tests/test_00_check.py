@@ -1,0 +1,84 @@
+"""`course check`: exit codes, bad input, and code that hangs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CH00 = REPO / "solutions" / "00_setup_and_tour" / "00_setup_and_tour.ipynb"
+
+
+def course(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "course.cli", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=600
+    )
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("missing.ipynb", None, "no such file"),
+        ("notes.txt", "hello", "not a notebook"),
+        ("broken.ipynb", '{"cells": [', "broken JSON at line 1"),
+        ("list.ipynb", "[1, 2]", "not a notebook"),
+        (
+            "stranger.ipynb",
+            json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}),
+            "known chapter",
+        ),
+    ],
+)
+def test_bad_input_is_exit_2_with_one_line_and_no_traceback(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    proc = course("check", str(path))
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_a_folder_is_bad_input(tmp_path):
+    proc = course("check", str(tmp_path))
+    assert proc.returncode == 2 and "is a folder" in proc.stderr
+
+
+def _with_answer(tmp_path: Path, task_id: str, source: str) -> Path:
+    nb = json.loads(CH00.read_text())
+    for cell in nb["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == task_id:
+            cell["source"] = source
+    path = tmp_path / "00_setup_and_tour.ipynb"
+    path.write_text(json.dumps(nb))
+    return path
+
+
+@pytest.mark.slow
+def test_a_cell_that_swallows_the_interrupt_is_cut_and_graded_zero(tmp_path):
+    path = _with_answer(
+        tmp_path,
+        "count_visit",
+        "import time\nasync def count_visit(redis, pool, page):\n    return 1\n\n"
+        "while True:\n    try:\n        time.sleep(10)\n    except:\n        pass\n",
+    )
+    env = dict(os.environ, COURSE_CELL_TIMEOUT="3")
+    proc = course("check", str(path), "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["score"] == 0 and result["tasks"][0]["id"] == "count_visit"
+    assert "not defined" in result["tasks"][0]["feedback"]
+
+
+def test_json_output_has_the_documented_shape(tmp_path):
+    proc = course("check", str(CH00), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert set(result) == {"notebook", "score", "max_score", "tasks"}
+    assert result["score"] == result["max_score"] > 0
+    for t in result["tasks"]:
+        assert set(t) == {"id", "points", "max_points", "passed", "feedback"}

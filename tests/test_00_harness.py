@@ -1,0 +1,141 @@
+"""autograder.harness: a check's verdict, its explanation, and its limits on learner code."""
+
+import asyncio
+
+import pytest
+
+from autograder import harness
+from autograder.harness import Report, TaskFailed, run_task, task
+
+
+@task("_demo_add", chapter="zz", points=2, title="demo", needs=("add",), timeout=1.0)
+async def check_demo_add(r: Report, add) -> None:
+    r.expect(await add(1, 2) == 3, "add(1, 2) == 3")
+    if r.public:
+        return
+    r.expect(await add(-1, 1) == 0, "add(-1, 1) == 0")
+
+
+@task("_demo_partial", chapter="zz", points=4, title="demo", needs=("caught",), partial=True, timeout=1.0)
+async def check_demo_partial(r: Report, caught) -> None:
+    r.fraction = caught / 4
+
+
+def _run(fn, task_id="_demo_add"):
+    return run_task(harness.get_task(task_id), {"add": fn, "caught": fn})
+
+
+def test_a_correct_answer_gets_full_points():
+    async def add(a, b):
+        return a + b
+
+    res = _run(add)
+    assert res.points == 2 and res.passed
+    assert "[ok] add(1, 2) == 3" in res.text()
+
+
+def test_a_wrong_answer_gets_zero_and_says_what_was_seen():
+    async def add(a, b):
+        return a + b if a > 0 else 99
+
+    res = _run(add)
+    assert res.points == 0
+    assert "[FAIL] add(-1, 1) == 0" in res.text()
+
+
+def test_a_stub_is_reported_as_not_done():
+    async def add(a, b):
+        raise NotImplementedError
+
+    assert "not done yet" in _run(add).text()
+
+
+def test_a_missing_name_asks_to_run_its_cell():
+    res = run_task(harness.get_task("_demo_add"), {})
+    assert res.points == 0 and "is not defined: run the cell" in res.text()
+
+
+def test_an_exception_in_learner_code_is_one_line_without_grader_traceback():
+    async def add(a, b):
+        return {}[a]
+
+    text = _run(add).text()
+    assert "your code raised KeyError: 1" in text
+    assert "Traceback" not in text and "harness.py" not in text
+
+
+def test_a_busy_loop_that_swallows_interrupts_is_cut_and_only_fails_its_task():
+    async def add(a, b):
+        while True:
+            try:
+                pass
+            except BaseException:
+                pass
+
+    res = _run(add)
+    assert res.points == 0 and "cut after" in res.text()
+
+
+def test_a_real_sleep_is_cut_by_the_time_limit():
+    async def add(a, b):
+        await asyncio.sleep(3600)
+
+    res = _run(add)
+    assert res.points == 0 and "cut after" in res.text()
+
+
+def test_partial_credit_is_a_share_of_the_points():
+    assert _run(3, "_demo_partial").points == 3.0
+    assert _run(0, "_demo_partial").points == 0.0
+
+
+def test_grade_raises_a_short_failure_and_returns_partial_points(capsys):
+    async def add(a, b):
+        return 0
+
+    with pytest.raises(TaskFailed) as info:
+        harness.grade("_demo_add", {"add": add})
+    assert info.value._render_traceback_() == ["TaskFailed: _demo_add: 0/2 points (see the lines above)"]
+    assert harness.grade("_demo_partial", {"caught": 2}) == 2.0
+    assert "_demo_partial: 2/4 points" in capsys.readouterr().out
+
+
+def test_public_says_hidden_checks_run_at_grading(capsys):
+    async def add(a, b):
+        return a + b
+
+    harness.public("_demo_add", {"add": add})
+    assert harness.PUBLIC_PASSED in capsys.readouterr().out
+
+
+def test_nothing_reaches_stderr_from_a_check(capsys):
+    import sys
+    import warnings
+
+    async def add(a, b):
+        warnings.warn("noisy", UserWarning, stacklevel=1)
+        print("oops", file=sys.stderr)
+        return a + b
+
+    _run(add)
+    assert capsys.readouterr().err == ""
+
+
+def test_every_chapter_task_is_registered_once():
+    for chapter in harness.CHAPTER_MODULES:
+        tasks = harness.load_chapter(chapter)
+        assert len({t.id for t in tasks}) == len(tasks)
+
+
+def test_a_cut_busy_loop_does_not_keep_spinning():
+    import threading
+
+    async def add(a, b):
+        while True:
+            try:
+                pass
+            except BaseException:
+                pass
+
+    _run(add)
+    assert not [t for t in threading.enumerate() if t.name == "check-_demo_add" and t.is_alive()]

@@ -1,0 +1,62 @@
+"""course.lab: every run gets its own database and Redis logical database, and gives them back."""
+
+import json
+
+import psycopg
+import redis as redis_sync
+
+from course import lab
+
+
+def _databases(admin_url: str) -> set[str]:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        return {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
+
+
+def test_two_namespaces_do_not_see_each_others_data():
+    with lab.scratch_sync("a") as a, lab.scratch_sync("b") as b:
+        assert a.name != b.name and a.redis_db != b.redis_db
+        a.redis_sync().set("shared-name", "a")
+        assert b.redis_sync().get("shared-name") is None
+        with a.connect() as conn:
+            conn.execute("CREATE TABLE only_in_a (id int)")
+        with b.connect() as conn:
+            found = conn.execute("SELECT to_regclass('only_in_a')").fetchone()[0]
+        assert found is None
+
+
+def test_a_scratch_namespace_is_dropped_afterwards():
+    with lab.scratch_sync("gone") as ns:
+        ns.redis_sync().set("k", "v")
+        name, db, admin = ns.name, ns.redis_db, ns.servers.database_url
+        assert name in _databases(admin)
+    assert name not in _databases(admin)
+    base = redis_sync.Redis.from_url(lab._redis_url_with_db(ns.servers.redis_url, db))
+    assert base.dbsize() == 0
+    claims = redis_sync.Redis.from_url(lab._redis_url_with_db(ns.servers.redis_url, 0))
+    assert claims.get(f"{lab.CLAIM_PREFIX}{db}") is None
+
+
+def test_current_is_one_namespace_per_process():
+    assert lab.current() is lab.current()
+
+
+def test_a_dead_owners_database_is_reaped():
+    ns = lab.create("orphan")
+    admin = ns.servers.database_url
+    with psycopg.connect(admin, autocommit=True) as conn:
+        dead = json.dumps({"host": lab._HOST, "pid": 2**22 + 12345, "created": 0})
+        conn.execute(f"COMMENT ON DATABASE {ns.name} IS '{dead}'")
+    assert ns.name in lab.reap_databases(admin)
+    assert ns.name not in _databases(admin)
+    lab._forget(ns)
+
+
+async def test_async_helpers_reach_the_namespace(ans):
+    ns = ans
+    pool = await ns.pool()
+    async with pool.connection() as conn:
+        assert (await (await conn.execute("SELECT current_database()")).fetchone())[0] == ns.name
+    r = ns.redis()
+    await r.set("k", "v")
+    assert await r.get("k") == "v"

@@ -1,0 +1,65 @@
+"""Every chapter notebook follows the source conventions, and notebooks/ has not drifted."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autograder import check, harness, release
+
+REPO = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted(check.chapters())
+
+
+def _cells(nb):
+    for cell in nb["cells"]:
+        yield cell, cell.get("metadata", {}).get("nbgrader", {})
+
+
+def test_there_are_chapters():
+    assert "00_setup_and_tour" in CHAPTERS
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_notebooks_are_committed_without_outputs(chapter):
+    for folder in ("solutions", "notebooks"):
+        nb = json.loads((REPO / folder / chapter / f"{chapter}.ipynb").read_text())
+        for cell, _ in _cells(nb):
+            if cell["cell_type"] == "code":
+                assert cell["outputs"] == [] and cell["execution_count"] is None, f"{folder}/{chapter} has outputs"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_answer_cell_has_a_graded_test_cell_with_the_registered_points(chapter):
+    nb = check.read_notebook(REPO / "solutions" / chapter / f"{chapter}.ipynb")
+    assert nb["metadata"]["course"]["chapter"] == chapter
+    answers = [m["grade_id"] for c, m in _cells(nb) if m.get("solution") and c["cell_type"] == "code"]
+    tests = {m["grade_id"]: m for c, m in _cells(nb) if m.get("grade") and c["cell_type"] == "code"}
+    registered = {t.id: t for t in harness.load_chapter(chapter[:2])}
+    assert answers, f"{chapter} has no graded task"
+    assert set(registered) == set(answers), f"answer cells {answers} vs checks {sorted(registered)}"
+    for task_id in answers:
+        assert f"check_{task_id}" in tests, f"{task_id} has no test cell check_{task_id}"
+        assert tests[f"check_{task_id}"]["points"] == registered[task_id].points
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_hidden_tests_are_one_line_calls_into_autograder(chapter):
+    nb = check.read_notebook(REPO / "solutions" / chapter / f"{chapter}.ipynb")
+    for cell, meta in _cells(nb):
+        if meta.get("grade") and cell["cell_type"] == "code":
+            source = "".join(cell["source"])
+            hidden = source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0].strip()
+            assert hidden == f'grade("{meta["grade_id"].removeprefix("check_")}")', hidden
+
+
+@pytest.mark.slow
+def test_notebooks_match_what_nbgrader_generates_from_solutions():
+    released = release.generate(CHAPTERS)
+    drifted = []
+    for chapter, folder in released.items():
+        fresh = release.normalized(folder / f"{chapter}.ipynb")
+        committed = release.normalized(REPO / "notebooks" / chapter / f"{chapter}.ipynb")
+        if fresh != committed:
+            drifted.append(chapter)
+    assert not drifted, f"notebooks/ drifted from solutions/ for {drifted}: run `make release` and commit"
