@@ -1,0 +1,568 @@
+"""Hidden checks of chapter 03 (idempotency): ``create_order`` and ``consume_payment_event``.
+
+Races here are real (concurrent callers on live PostgreSQL) and the verdicts are still
+deterministic, because a :class:`Crowd` decides when the race moves on: the first charge
+(or the account row the credits need) is held until every other caller has either
+started a charge, been answered, gone to sleep in its retry backoff, or is blocked inside
+PostgreSQL on a lock (seen in ``pg_stat_activity``). A check-then-insert therefore lets
+all ten callers past its SELECT every time, not just when the timing happens to be bad.
+Backoff sleeps run on a VirtualClock that the crowd advances only when nothing else can move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import psycopg
+
+from autograder.harness import Report, task
+from course import lab
+from course.faults import VirtualClock
+from course.idempotency import (
+    IdempotencyKeyReused,
+    ProviderError,
+    RequestInProgress,
+    arm_crash,
+    crash_fired,
+    install_crash_points,
+    retry_in_progress,
+    setup_schema,
+)
+from course.retry import with_retry
+
+SETTLE_LIMIT = 2.0  # real seconds a crowd may take to settle before the check moves it on anyway
+LOCK_WAITERS = (
+    "SELECT count(*) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+)
+
+
+class Crowd:
+    """``n`` concurrent callers whose progress the check can see.
+
+    Each caller is "calling" (running learner code), "charging" (held in ``charge``),
+    "sleeping" (in its retry backoff, on a VirtualClock) or "done". The crowd is *settled*
+    when every caller still "calling" is blocked on a PostgreSQL lock. At the first settle
+    the crowd runs ``on_settled`` (open the charge gate, or commit the transaction that
+    holds the accounts); at later settles it wakes the earliest sleeper by advancing the clock.
+    """
+
+    def __init__(self, n: int, watcher, on_settled: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.n = n
+        self.watcher = watcher
+        self.clock = VirtualClock(auto=False)
+        self.state = ["calling"] * n
+        self.wake = [0.0] * n
+        self.gate = asyncio.Event()
+        self.on_settled = on_settled
+        self.released = False
+        self.stalls = 0
+        self.charging_at_release = 0
+        self.sleeping_at_release = 0
+        self.blocked_at_release = 0
+        self._who: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller", default=None)
+
+    async def sleep(self, seconds: float) -> None:
+        i = self._who.get()
+        if i is None:
+            await self.clock.sleep(seconds)
+            return
+        self.state[i] = "sleeping"
+        self.wake[i] = self.clock() + seconds
+        try:
+            await self.clock.sleep(seconds)
+        finally:
+            self.state[i] = "calling"
+
+    async def hold(self) -> None:
+        """Called inside ``charge``: wait here until the crowd has settled once."""
+        i = self._who.get()
+        if i is None or self.gate.is_set():
+            return
+        self.state[i] = "charging"
+        try:
+            await self.gate.wait()
+        finally:
+            self.state[i] = "calling"
+
+    async def _blocked(self) -> int:
+        cur = await self.watcher.execute(LOCK_WAITERS)
+        return (await cur.fetchone())[0]
+
+    async def _settle(self) -> tuple[bool, int]:
+        deadline = time.monotonic() + SETTLE_LIMIT
+        while True:
+            await asyncio.sleep(0.002)
+            calling = self.state.count("calling")
+            blocked = await self._blocked() if calling else 0
+            if blocked >= calling:
+                return True, blocked
+            if time.monotonic() > deadline:
+                return False, blocked
+
+    async def run(self, make_call: Callable[[int], Awaitable]) -> list:
+        async def one(i: int):
+            self._who.set(i)
+            try:
+                return await make_call(i)
+            finally:
+                self.state[i] = "done"
+
+        tasks = [asyncio.create_task(one(i)) for i in range(self.n)]
+        while not all(t.done() for t in tasks):
+            settled, blocked = await self._settle()
+            if all(t.done() for t in tasks):
+                break
+            self.stalls += not settled
+            if not self.released:
+                self.released = True
+                self.charging_at_release = self.state.count("charging")
+                self.sleeping_at_release = self.state.count("sleeping")
+                self.blocked_at_release = blocked
+                self.gate.set()
+                if self.on_settled is not None:
+                    await self.on_settled()
+                continue
+            sleepers = [i for i, s in enumerate(self.state) if s == "sleeping"]
+            if sleepers:
+                t = min(self.wake[i] for i in sleepers)
+                for i in sleepers:
+                    if self.wake[i] <= t:
+                        self.state[i] = "calling"
+                self.clock.advance(max(0.0, t - self.clock()))
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class CheckCard:
+    """The ``charge`` the check passes in: records calls, can fail, can hold in a crowd."""
+
+    def __init__(self, crowd: Crowd | None = None, fail: list | None = None) -> None:
+        self.crowd = crowd
+        self.fail = list(fail or [])
+        self.calls: list[tuple] = []
+        self.charged: list[str] = []
+
+    async def __call__(self, customer: str, amount_cents: int) -> str:
+        self.calls.append((customer, amount_cents))
+        if self.crowd is not None:
+            await self.crowd.hold()
+        await asyncio.sleep(0)
+        if self.fail:
+            raise self.fail.pop(0)
+        charge_id = f"ch_check_{len(self.charged) + 1:04d}"
+        self.charged.append(charge_id)
+        return charge_id
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}{': ' + text if text else ''}"
+
+
+def _outcomes(results: list) -> str:
+    counts = Counter(_describe(x) if isinstance(x, BaseException) else "a response" for x in results)
+    return ", ".join(f"{n} x {what}" for what, n in counts.most_common())
+
+
+def _mentions(value, target: int) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, str)):
+        return str(value) == str(target)
+    if isinstance(value, dict):
+        return any(_mentions(v, target) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_mentions(v, target) for v in value)
+    return False
+
+
+async def _orders(pool, customer: str) -> list[int]:
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT id FROM orders WHERE customer = %s ORDER BY id", (customer,))
+        return [row[0] for row in await cur.fetchall()]
+
+
+async def _stored(pool, key: str):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT status, response FROM idempotency_keys WHERE key = %s", (key,))
+        return await cur.fetchone()
+
+
+def _retrying(create_order, pool, key: str, body: dict, charge, sleep, rand) -> Callable[[], Awaitable]:
+    """A client that retries 409 "in progress" (and chapter 01's retryable errors) with backoff."""
+
+    async def call():
+        return await with_retry(
+            lambda: create_order(pool, key, body, charge),
+            retries=6,
+            base_delay=0.1,
+            max_delay=2.0,
+            retryable=retry_in_progress,
+            sleep=sleep,
+            rand=rand,
+        )
+
+    return call
+
+
+@task("create_order", chapter="03", points=6, title="idempotent order creation", timeout=60, seed=303)
+async def check_create_order(r: Report, create_order) -> None:
+    async with lab.scratch("ch03") as ns:
+        pool = await ns.pool(max_size=14)
+        await setup_schema(pool)
+        watcher = await psycopg.AsyncConnection.connect(ns.database_url, autocommit=True)
+        try:
+            await _check_create_order(r, create_order, pool, watcher)
+        finally:
+            await watcher.close()
+
+
+async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
+    # --- one call, then the same call again ---------------------------------------------
+    card = CheckCard()
+    body = {"customer": "ada", "amount_cents": 1250}
+    first = await create_order(pool, "key-ada-1", body, card)
+    r.expect(
+        isinstance(first, dict),
+        f"create_order(pool, 'key-ada-1', {body}, charge) returned {first!r}"
+        + ("" if isinstance(first, dict) else ", expected a dict"),
+    )
+    try:
+        json.dumps(first)
+        jsonable = True
+    except (TypeError, ValueError):
+        jsonable = False
+    r.expect(jsonable, "the response is JSON-able" if jsonable else f"the response {first!r} is not JSON-able")
+    r.expect(
+        card.calls == [("ada", 1250)],
+        "charge was called once, with ('ada', 1250)"
+        if card.calls == [("ada", 1250)]
+        else f"charge was called {len(card.calls)} time(s) with {card.calls}, expected once with ('ada', 1250)",
+    )
+    ids = await _orders(pool, "ada")
+    r.expect(len(ids) == 1, f"orders has {len(ids)} row(s) for customer 'ada', expected 1")
+    r.expect(
+        _mentions(first, ids[0]),
+        f"the response names the order id {ids[0]}"
+        if _mentions(first, ids[0])
+        else f"the response {first} does not name the order id {ids[0]}: return a dict with it (e.g. 'order_id')",
+    )
+    again = await create_order(pool, "key-ada-1", body, card)
+    n_orders = len(await _orders(pool, "ada"))
+    repeat_ok = again == first and len(card.calls) == 1 and n_orders == 1
+    r.expect(
+        repeat_ok,
+        "the same call again returned the stored response, with no new charge and no new order"
+        if repeat_ok
+        else f"the same call again returned {again!r}, charged {len(card.calls)} time(s) in all and left "
+        f"{n_orders} order(s); expected the stored response, one charge, one order",
+    )
+    if r.public:
+        return
+
+    # --- ten concurrent calls with one key ------------------------------------------------
+    r.note(
+        "10 concurrent calls with key 'key-race' and one body; a caller that gets RequestInProgress retries "
+        "with backoff (chapter 01's with_retry on a virtual clock)"
+    )
+    crowd = Crowd(10, watcher)
+    card = CheckCard(crowd)
+    body = {"customer": "grace", "amount_cents": 4200}
+    results = await crowd.run(
+        lambda i: _retrying(create_order, pool, "key-race", body, card, crowd.sleep, r.random.random)()
+    )
+    if crowd.stalls:
+        r.note(
+            f"the callers did not settle within {SETTLE_LIMIT:g} s of real time {crowd.stalls} time(s): "
+            "do they sleep for real (asyncio.sleep) instead of raising RequestInProgress?"
+        )
+    r.note(
+        f"while the first charge was held: {crowd.charging_at_release} caller(s) inside charge, "
+        f"{crowd.sleeping_at_release} backing off after 409, {crowd.blocked_at_release} waiting on a "
+        "PostgreSQL lock"
+    )
+    ids = await _orders(pool, "grace")
+    r.expect(
+        len(card.calls) == 1,
+        "the card was charged once"
+        if len(card.calls) == 1
+        else f"10 concurrent calls with one key: the card was charged {len(card.calls)} times, expected once. "
+        + (
+            "Several calls looked for the key, found nothing and charged: claim the key atomically "
+            "(INSERT ... ON CONFLICT DO NOTHING RETURNING) before the charge"
+            if len(card.calls) > 1
+            else "no call charged"
+        ),
+    )
+    r.expect(len(ids) == 1, f"10 concurrent calls with one key: {len(ids)} order(s) created, expected 1")
+    answers = [x for x in results if not isinstance(x, BaseException)]
+    r.expect(
+        len(answers) == 10,
+        f"all 10 callers got a response ({_outcomes(results)})"
+        if len(answers) == 10
+        else f"10 concurrent calls with one key ended with: {_outcomes(results)}; expected 10 responses. "
+        "A caller that loses the claim returns the stored response, or raises RequestInProgress "
+        "while the first call is still running (it is retried)",
+    )
+    distinct = {json.dumps(a, sort_keys=True, default=str) for a in answers}
+    r.expect(
+        len(distinct) == 1 and _mentions(answers[0], ids[0]),
+        "all 10 responses are identical and name the order"
+        if len(distinct) == 1 and _mentions(answers[0], ids[0])
+        else f"the 10 responses are not one identical response naming order {ids[0]}: {sorted(distinct)[:3]}. "
+        "Store the first response with the key and return that stored response to every repeat",
+    )
+    stored = await _stored(pool, "key-race")
+    r.expect(
+        stored is not None and stored[1] == answers[0],
+        "idempotency_keys holds that response for 'key-race'"
+        if stored is not None and stored[1] == answers[0]
+        else f"idempotency_keys row for 'key-race' is {stored!r}; expected the response {answers[0]!r} stored in "
+        "its response column",
+    )
+
+    # --- the same key with another body ----------------------------------------------------
+    other = {"customer": "grace", "amount_cents": 999}
+    try:
+        got = await create_order(pool, "key-race", other, card)
+        outcome = f"returned {got!r}"
+        reused = False
+    except Exception as err:  # noqa: BLE001 - any error is reported
+        reused = isinstance(err, IdempotencyKeyReused) or getattr(err, "status", None) == 422
+        outcome = f"raised {_describe(err)}"
+    r.expect(
+        reused,
+        f"the same key with a different body ({other}) {outcome}"
+        + (
+            ""
+            if reused
+            else ": expected IdempotencyKeyReused (422). Compare a hash of the request body with "
+            "the one stored for the key"
+        ),
+    )
+    r.expect(
+        len(card.calls) == 1 and len(await _orders(pool, "grace")) == 1,
+        f"and it charged nothing: {len(card.calls)} charge(s), {len(await _orders(pool, 'grace'))} order(s) in all",
+    )
+
+    # --- a failing charge releases the key -----------------------------------------------------
+    clock = VirtualClock()
+    card = CheckCard(fail=[ProviderError(503, "payment provider answered 503 (nothing was charged)")])
+    body = {"customer": "linus", "amount_cents": 700}
+    try:
+        got = await create_order(pool, "key-fail", body, card)
+        r.fail(
+            f"charge raised ProviderError(503) but create_order returned {got!r}: let the error reach the caller "
+            "(after releasing the key)"
+        )
+    except Exception as err:  # noqa: BLE001
+        r.ok(f"a charge that fails: create_order raised {_describe(err)}")
+    try:
+        got = await _retrying(create_order, pool, "key-fail", body, card, clock.sleep, r.random.random)()
+        outcome = None
+    except Exception as err:  # noqa: BLE001
+        got, outcome = None, err
+    if outcome is not None:
+        stuck = isinstance(outcome, RequestInProgress) or getattr(outcome, "status", None) == 409
+        r.fail(
+            f"the next call with the same key raised {_describe(outcome)}"
+            + (
+                f" after {len(clock.sleeps)} retries: the key stayed claimed after the failure, so it is stuck "
+                "forever. Release it (delete the pending row) when the charge fails"
+                if stuck
+                else ""
+            )
+        )
+    ids = await _orders(pool, "linus")
+    r.expect(
+        isinstance(got, dict) and len(card.calls) == 2 and len(ids) == 1 and _mentions(got, ids[0]),
+        f"the next call with the same key charged again and succeeded: {len(card.calls)} charge attempt(s), "
+        f"{len(ids)} order(s), response {got!r}",
+    )
+
+    # --- 100 distinct keys at once ---------------------------------------------------------------
+    card = CheckCard()
+    bodies = [{"customer": f"bulk-{i:03d}", "amount_cents": 100 + i} for i in range(100)]
+    results = await asyncio.gather(
+        *(create_order(pool, f"key-bulk-{i:03d}", b, card) for i, b in enumerate(bodies)), return_exceptions=True
+    )
+    answers = [x for x in results if not isinstance(x, BaseException)]
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*), count(DISTINCT customer) FROM orders WHERE customer LIKE 'bulk-%'")
+        n_orders, n_customers = await cur.fetchone()
+    r.expect(
+        len(answers) == 100 and len(card.calls) == 100 and n_orders == 100 and n_customers == 100,
+        f"100 distinct keys at once: {len(answers)} responses ({_outcomes(results)}), {len(card.calls)} charges, "
+        f"{n_orders} orders for {n_customers} customers; expected 100 of each",
+    )
+
+
+async def _balances(pool) -> dict[int, int]:
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT id, balance_cents FROM accounts ORDER BY id")
+        return dict(await cur.fetchall())
+
+
+async def _redeliver(consume, pool, event: dict, attempts: int = 4) -> tuple[bool, list[str]]:
+    log = []
+    for _ in range(attempts):
+        try:
+            await consume(pool, event)
+        except Exception as err:  # noqa: BLE001 - a failed delivery is redelivered, like a broker would
+            log.append(_describe(err))
+            continue
+        return True, log
+    return False, log
+
+
+async def _crowd_deliveries(consume, pool, watcher, ns, events: list[dict], account_ids: list[int]):
+    """Deliver ``events`` concurrently while the check holds the accounts' rows; release once settled."""
+    locker = await psycopg.AsyncConnection.connect(ns.database_url, autocommit=True)
+    try:
+        await locker.execute("BEGIN")
+        await locker.execute("SELECT id FROM accounts WHERE id = ANY(%s) FOR UPDATE", (account_ids,))
+
+        async def release() -> None:
+            await locker.execute("COMMIT")
+
+        crowd = Crowd(len(events), watcher, on_settled=release)
+        results = await crowd.run(lambda i: consume(pool, events[i]))
+        if not crowd.released:
+            await locker.execute("COMMIT")
+    finally:
+        await locker.close()
+    failed = [events[i] for i, x in enumerate(results) if isinstance(x, BaseException)]
+    errors = [x for x in results if isinstance(x, BaseException)]
+    return crowd, failed, errors
+
+
+@task("consume_payment_event", chapter="03", points=4, title="idempotent consumer", timeout=60, seed=304)
+async def check_consume_payment_event(r: Report, consume_payment_event) -> None:
+    async with lab.scratch("ch03") as ns:
+        pool = await ns.pool(max_size=16)
+        await setup_schema(pool)
+        async with pool.connection() as conn:
+            await conn.execute("INSERT INTO accounts (id, balance_cents) VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
+            await install_crash_points(conn)
+        watcher = await psycopg.AsyncConnection.connect(ns.database_url, autocommit=True)
+        try:
+            await _check_consume(r, consume_payment_event, pool, watcher, ns)
+        finally:
+            await watcher.close()
+
+
+async def _check_consume(r: Report, consume, pool, watcher, ns) -> None:
+    consume_payment_event = consume
+    event = {"event_id": "evt-1", "account_id": 1, "amount_cents": 500}
+    await consume_payment_event(pool, event)
+    balances = await _balances(pool)
+    r.expect(balances[1] == 500, f"one delivery of {event}: account 1 holds {balances[1]}, expected 500")
+    await consume_payment_event(pool, event)
+    balances = await _balances(pool)
+    r.expect(balances[1] == 500, f"the same event delivered again: account 1 holds {balances[1]}, expected 500")
+    if r.public:
+        return
+
+    # --- five concurrent deliveries ------------------------------------------------------------
+    event = {"event_id": "evt-5x", "account_id": 2, "amount_cents": 1500}
+    r.note(
+        f"{event} delivered 5 times at once (the check holds account 2's row until every delivery is "
+        "blocked, done or waiting on a lock); a delivery that raises is redelivered"
+    )
+    crowd, failed, errors = await _crowd_deliveries(consume, pool, watcher, ns, [event] * 5, [2])
+    for e in failed:
+        ok, log = await _redeliver(consume, pool, e)
+        r.expect(ok, f"a redelivery of {e['event_id']} kept failing: {log}")
+    if errors:
+        r.note(
+            f"{len(errors)} of the 5 deliveries raised ({', '.join(sorted({_describe(x) for x in errors}))}) "
+            "and were redelivered"
+        )
+    balances = await _balances(pool)
+    r.expect(
+        balances[2] == 1500,
+        "five deliveries credited account 2 once: 1500"
+        if balances[2] == 1500
+        else f"five concurrent deliveries of one event left account 2 at {balances[2]}, expected 1500 "
+        f"(credited {balances[2] / 1500:g} times). Record the event id with INSERT ... ON CONFLICT DO NOTHING "
+        "in the transaction that credits the account, and credit only when the insert returned a row",
+    )
+
+    # --- crashes between the dedup record and the credit ----------------------------------------
+    for where, event in (
+        ("credit", {"event_id": "evt-crash-credit", "account_id": 3, "amount_cents": 700}),
+        ("dedup", {"event_id": "evt-crash-dedup", "account_id": 4, "amount_cents": 900}),
+    ):
+        async with pool.connection() as conn:
+            await arm_crash(conn, where)
+        before = (await _balances(pool))[event["account_id"]]
+        ok, log = await _redeliver(consume, pool, event)
+        async with pool.connection() as conn:
+            fired = await crash_fired(conn, where)
+        statement = "UPDATE accounts" if where == "credit" else "INSERT INTO processed_events"
+        r.expect(
+            fired,
+            f"crash injected at {statement} while consuming {event['event_id']}"
+            if fired
+            else f"the check arms a crash at {statement}, but consuming {event['event_id']} never ran it: "
+            + (
+                "credit with UPDATE accounts SET balance_cents = balance_cents + ..."
+                if where == "credit"
+                else "record the event id in processed_events"
+            ),
+        )
+        r.expect(ok, f"{event['event_id']} was delivered until it succeeded: {log + ['ok'] if ok else log}")
+        got = (await _balances(pool))[event["account_id"]] - before
+        amount = event["amount_cents"]
+        if got == 0 and ok and not log:
+            r.fail(
+                f"the crash at {statement} was swallowed: the delivery of {event['event_id']} returned normally, so "
+                "the broker acknowledged it and the credit is lost. Let the error reach the caller"
+            )
+        if got == amount:
+            r.ok(f"after a crash at {statement} and a redelivery, account {event['account_id']} was credited once")
+        elif got == 0:
+            r.fail(
+                f"after a crash at {statement} and a redelivery, account {event['account_id']} was never credited: "
+                "the dedup record was committed without the credit, so the redelivery skipped it. Do both in one "
+                "transaction"
+            )
+        else:
+            r.fail(
+                f"after a crash at {statement} and a redelivery, account {event['account_id']} was credited "
+                f"{got} ({got / amount:g} times {amount}): the credit was committed without its dedup record, so "
+                "the redelivery credited again. Do both in one transaction"
+            )
+
+    # --- distinct events all apply -------------------------------------------------------------
+    before = await _balances(pool)
+    events = []
+    for i in range(8):
+        account = 1 + i % 4
+        events.append(
+            {"event_id": f"evt-batch-{i}", "account_id": account, "amount_cents": r.random.randint(1, 99) * 10}
+        )
+    deliveries = events + events[::3]  # some delivered twice
+    r.note(f"{len(events)} distinct events on accounts 1-4 delivered at once, {len(events[::3])} of them twice")
+    crowd, failed, errors = await _crowd_deliveries(consume, pool, watcher, ns, deliveries, [1, 2, 3, 4])
+    for e in failed:
+        ok, log = await _redeliver(consume, pool, e)
+        r.expect(ok, f"a redelivery of {e['event_id']} kept failing: {log}")
+    after = await _balances(pool)
+    expected = dict(before)
+    for e in events:
+        expected[e["account_id"]] += e["amount_cents"]
+    delta = {a: after[a] - before[a] for a in after}
+    want = {a: expected[a] - before[a] for a in after}
+    r.expect(
+        after == expected,
+        "every distinct event applied once: credits per account " + str(delta)
+        if after == expected
+        else f"distinct events delivered at once credited {delta} per account, expected {want}: an update was lost "
+        "or doubled (credit with balance_cents = balance_cents + amount, in one statement)",
+    )

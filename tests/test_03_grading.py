@@ -1,0 +1,501 @@
+"""Chapter 03 grading: the wrong answers learners write are rejected, correct designs pass.
+
+Each wrong answer is kept as the source a learner would type into the answer cell. The
+races are orchestrated by the check (autograder/checks/ch03.py), so every verdict here is
+the same on every run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_accepted, assert_rejected, run_source
+
+HEADER = """
+from psycopg.types.json import Jsonb
+from course.idempotency import IdempotencyKeyReused, RequestInProgress, request_hash
+"""
+
+# ----------------------------------------------------------------------------- create_order: correct designs
+
+PENDING_ROW = (
+    HEADER
+    + """
+async def create_order(pool, idempotency_key, body, charge):
+    h = request_hash(body)
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO idempotency_keys (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING key",
+            (idempotency_key, h))
+        claimed = await cur.fetchone() is not None
+        if not claimed:
+            cur = await conn.execute(
+                "SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+            row = await cur.fetchone()
+            if row is None:
+                raise RequestInProgress(idempotency_key)
+            if row[0] != h:
+                raise IdempotencyKeyReused(idempotency_key)
+            if row[1] != "done":
+                raise RequestInProgress(idempotency_key)
+            return row[2]
+    try:
+        charge_id = await charge(body["customer"], body["amount_cents"])
+    except Exception:
+        async with pool.connection() as conn:
+            await conn.execute("DELETE FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+        raise
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+            (body["customer"], body["amount_cents"], charge_id))
+        (order_id,) = await cur.fetchone()
+        response = {"order_id": order_id, "charge_id": charge_id}
+        await conn.execute("UPDATE idempotency_keys SET status = 'done', response = %s WHERE key = %s",
+                           (Jsonb(response), idempotency_key))
+    return response
+"""
+)
+
+ONE_TRANSACTION = (
+    HEADER
+    + """
+async def create_order(pool, idempotency_key, body, charge):
+    h = request_hash(body)
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "INSERT INTO idempotency_keys (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING key",
+            (idempotency_key, h))
+        if await cur.fetchone() is None:
+            cur = await conn.execute("SELECT request_hash, response FROM idempotency_keys WHERE key = %s",
+                                     (idempotency_key,))
+            stored_hash, response = await cur.fetchone()
+            if stored_hash != h:
+                raise IdempotencyKeyReused(idempotency_key)
+            return response
+        charge_id = await charge(body["customer"], body["amount_cents"])
+        cur = await conn.execute(
+            "INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+            (body["customer"], body["amount_cents"], charge_id))
+        (order_id,) = await cur.fetchone()
+        response = {"order_id": order_id}
+        await conn.execute("UPDATE idempotency_keys SET status = 'done', response = %s WHERE key = %s",
+                           (Jsonb(response), idempotency_key))
+    return response
+"""
+)
+
+UNIQUE_VIOLATION_CLAIM = (
+    HEADER
+    + """
+import psycopg
+
+async def create_order(pool, idempotency_key, body, charge):
+    h = request_hash(body)
+    try:
+        async with pool.connection() as conn:
+            await conn.execute("INSERT INTO idempotency_keys (key, request_hash) VALUES (%s, %s)", (idempotency_key, h))
+    except psycopg.errors.UniqueViolation:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s",
+                                     (idempotency_key,))
+            row = await cur.fetchone()
+        if row is None or row[1] != "done":
+            if row is not None and row[0] != h:
+                raise IdempotencyKeyReused(idempotency_key)
+            raise RequestInProgress(idempotency_key)
+        if row[0] != h:
+            raise IdempotencyKeyReused(idempotency_key)
+        return row[2]
+    try:
+        charge_id = await charge(body["customer"], body["amount_cents"])
+    except BaseException:
+        async with pool.connection() as conn:
+            await conn.execute("DELETE FROM idempotency_keys WHERE key = %s AND status = 'pending'", (idempotency_key,))
+        raise
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("INSERT INTO orders (customer, amount_cents) VALUES (%s, %s) RETURNING id",
+                                 (body["customer"], body["amount_cents"]))
+        (order_id,) = await cur.fetchone()
+        cur = await conn.execute(
+            "UPDATE idempotency_keys SET status = 'done', response = %s WHERE key = %s RETURNING response",
+            (Jsonb({"id": order_id, "status": "created"}), idempotency_key))
+        return (await cur.fetchone())[0]
+"""
+)
+
+REFERENCE = "from course.idempotency import create_order\n"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [REFERENCE, PENDING_ROW, ONE_TRANSACTION, UNIQUE_VIOLATION_CLAIM],
+    ids=["reference", "pending-row-409", "one-transaction", "unique-violation-claim"],
+)
+def test_03_create_order_correct_designs_pass(source):
+    assert_accepted("create_order", source)
+
+
+# ----------------------------------------------------------------------------- create_order: wrong answers
+
+CHECK_THEN_INSERT = (
+    HEADER
+    + """
+async def create_order(pool, idempotency_key, body, charge):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT response FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+        row = await cur.fetchone()
+        if row is not None:
+            return row[0]
+    charge_id = await charge(body["customer"], body["amount_cents"])
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+                                 (body["customer"], body["amount_cents"], charge_id))
+        (order_id,) = await cur.fetchone()
+        response = {"order_id": order_id}
+        await conn.execute(
+            "INSERT INTO idempotency_keys (key, request_hash, status, response) VALUES (%s, %s, 'done', %s) "
+            "ON CONFLICT (key) DO NOTHING",
+            (idempotency_key, request_hash(body), Jsonb(response)))
+    return response
+"""
+)
+
+CHECK_THEN_INSERT_IN_TRANSACTION = (
+    HEADER
+    + """
+async def create_order(pool, idempotency_key, body, charge):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT response FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+        row = await cur.fetchone()
+        if row is not None:
+            return row[0]
+        charge_id = await charge(body["customer"], body["amount_cents"])
+        cur = await conn.execute("INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+                                 (body["customer"], body["amount_cents"], charge_id))
+        (order_id,) = await cur.fetchone()
+        response = {"order_id": order_id}
+        await conn.execute(
+            "INSERT INTO idempotency_keys (key, request_hash, status, response) VALUES (%s, %s, 'done', %s)",
+            (idempotency_key, request_hash(body), Jsonb(response)))
+    return response
+"""
+)
+
+CLAIM_WITHOUT_STORED_RESPONSE = (
+    HEADER
+    + """
+async def create_order(pool, idempotency_key, body, charge):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO idempotency_keys (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING key",
+            (idempotency_key, request_hash(body)))
+        if await cur.fetchone() is None:
+            return {}  # already handled
+    charge_id = await charge(body["customer"], body["amount_cents"])
+    async with pool.connection() as conn:
+        cur = await conn.execute("INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+                                 (body["customer"], body["amount_cents"], charge_id))
+        (order_id,) = await cur.fetchone()
+    return {"order_id": order_id}
+"""
+)
+
+CLAIM_THEN_NEW_ORDER_ON_REPEAT = (
+    HEADER
+    + """
+async def create_order(pool, idempotency_key, body, charge):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO idempotency_keys (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING key",
+            (idempotency_key, request_hash(body)))
+        claimed = await cur.fetchone() is not None
+    charge_id = await charge(body["customer"], body["amount_cents"]) if claimed else None
+    async with pool.connection() as conn:
+        cur = await conn.execute("INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+                                 (body["customer"], body["amount_cents"], charge_id))
+        (order_id,) = await cur.fetchone()
+    return {"order_id": order_id}
+"""
+)
+
+PENDING_RETURNS_NONE = (
+    HEADER
+    + """
+async def create_order(pool, idempotency_key, body, charge):
+    h = request_hash(body)
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO idempotency_keys (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING key",
+            (idempotency_key, h))
+        if await cur.fetchone() is None:
+            cur = await conn.execute("SELECT request_hash, response FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+            stored_hash, response = await cur.fetchone()
+            if stored_hash != h:
+                raise IdempotencyKeyReused(idempotency_key)
+            return response  # None while the first request is still running
+    try:
+        charge_id = await charge(body["customer"], body["amount_cents"])
+    except Exception:
+        async with pool.connection() as conn:
+            await conn.execute("DELETE FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+        raise
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("INSERT INTO orders (customer, amount_cents) VALUES (%s, %s) RETURNING id",
+                                 (body["customer"], body["amount_cents"]))
+        (order_id,) = await cur.fetchone()
+        response = {"order_id": order_id}
+        await conn.execute("UPDATE idempotency_keys SET status = 'done', response = %s WHERE key = %s",
+                           (Jsonb(response), idempotency_key))
+    return response
+"""
+)
+
+NO_RELEASE_ON_FAILURE = PENDING_ROW.replace(
+    """    try:
+        charge_id = await charge(body["customer"], body["amount_cents"])
+    except Exception:
+        async with pool.connection() as conn:
+            await conn.execute("DELETE FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+        raise
+""",
+    """    charge_id = await charge(body["customer"], body["amount_cents"])
+""",
+)
+
+NO_REQUEST_HASH = PENDING_ROW.replace(
+    """            if row[0] != h:
+                raise IdempotencyKeyReused(idempotency_key)
+""",
+    "",
+)
+
+FAILURE_SWALLOWED = PENDING_ROW.replace(
+    """    except Exception:
+        async with pool.connection() as conn:
+            await conn.execute("DELETE FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+        raise
+""",
+    """    except Exception:
+        async with pool.connection() as conn:
+            await conn.execute("DELETE FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+        return {"error": "payment failed"}
+""",
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (CHECK_THEN_INSERT, "charged 10 times"),
+        (CHECK_THEN_INSERT_IN_TRANSACTION, "charged 10 times"),
+        (CLAIM_WITHOUT_STORED_RESPONSE, "expected the stored response"),
+        (CLAIM_THEN_NEW_ORDER_ON_REPEAT, "order(s)"),
+        (PENDING_RETURNS_NONE, "identical"),
+        (NO_RELEASE_ON_FAILURE, "stuck forever"),
+        (NO_REQUEST_HASH, "IdempotencyKeyReused"),
+        (FAILURE_SWALLOWED, "let the error reach the caller"),
+    ],
+    ids=[
+        "check-then-insert",
+        "check-then-insert-in-transaction",
+        "claim-without-stored-response",
+        "claim-then-new-order-on-repeat",
+        "pending-returns-none",
+        "no-release-on-failure",
+        "no-request-hash",
+        "failure-swallowed",
+    ],
+)
+def test_03_create_order_wrong_answers_rejected(source, mentions):
+    assert_rejected("create_order", source, mentions=mentions)
+
+
+def test_03_create_order_stub_scores_zero():
+    res = run_source(
+        "create_order", "async def create_order(pool, idempotency_key, body, charge):\n    raise NotImplementedError\n"
+    )
+    assert res.points == 0 and "not done yet" in res.text()
+
+
+# ----------------------------------------------------------------------------- consume_payment_event
+
+CONSUMER_CREDIT_FIRST_IN_TRANSACTION = """
+import psycopg
+
+async def consume_payment_event(pool, event):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("UPDATE accounts SET balance_cents = balance_cents + %s WHERE id = %s",
+                           (event["amount_cents"], event["account_id"]))
+        cur = await conn.execute(
+            "INSERT INTO processed_events (event_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING event_id",
+            (event["event_id"],))
+        if await cur.fetchone() is None:
+            raise psycopg.Rollback()  # a duplicate: undo the credit, acknowledge quietly
+"""
+
+CONSUMER_SELECT_THEN_INSERT_IN_TRANSACTION = """
+async def consume_payment_event(pool, event):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT 1 FROM processed_events WHERE event_id = %s", (event["event_id"],))
+        if await cur.fetchone():
+            return
+        await conn.execute("UPDATE accounts SET balance_cents = balance_cents + %s WHERE id = %s",
+                           (event["amount_cents"], event["account_id"]))
+        await conn.execute("INSERT INTO processed_events (event_id) VALUES (%s)", (event["event_id"],))
+"""
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from course.idempotency import consume_payment_event\n",
+        CONSUMER_CREDIT_FIRST_IN_TRANSACTION,
+        CONSUMER_SELECT_THEN_INSERT_IN_TRANSACTION,
+    ],
+    ids=["reference", "credit-first-in-transaction", "select-then-insert-in-transaction"],
+)
+def test_03_consumer_correct_designs_pass(source):
+    assert_accepted("consume_payment_event", source)
+
+
+CONSUMER_NO_DEDUP = """
+async def consume_payment_event(pool, event):
+    async with pool.connection() as conn:
+        await conn.execute("UPDATE accounts SET balance_cents = balance_cents + %s WHERE id = %s",
+                           (event["amount_cents"], event["account_id"]))
+"""
+
+CONSUMER_CHECK_THEN_INSERT = """
+async def consume_payment_event(pool, event):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT 1 FROM processed_events WHERE event_id = %s", (event["event_id"],))
+        if await cur.fetchone():
+            return
+        await conn.execute("UPDATE accounts SET balance_cents = balance_cents + %s WHERE id = %s",
+                           (event["amount_cents"], event["account_id"]))
+        await conn.execute("INSERT INTO processed_events (event_id) VALUES (%s) ON CONFLICT DO NOTHING",
+                           (event["event_id"],))
+"""
+
+CONSUMER_DEDUP_OUTSIDE_TRANSACTION = """
+async def consume_payment_event(pool, event):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO processed_events (event_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING event_id",
+            (event["event_id"],))
+        if await cur.fetchone() is None:
+            return
+        await conn.execute("UPDATE accounts SET balance_cents = balance_cents + %s WHERE id = %s",
+                           (event["amount_cents"], event["account_id"]))
+"""
+
+CONSUMER_CREDIT_THEN_DEDUP_SEPARATE_COMMITS = """
+async def consume_payment_event(pool, event):
+    async with pool.connection() as conn:
+        # one delivery of an event at a time (a session advisory lock), then check, credit, record
+        await conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (event["event_id"],))
+        try:
+            cur = await conn.execute("SELECT 1 FROM processed_events WHERE event_id = %s", (event["event_id"],))
+            if await cur.fetchone():
+                return
+            await conn.execute("UPDATE accounts SET balance_cents = balance_cents + %s WHERE id = %s",
+                               (event["amount_cents"], event["account_id"]))
+            await conn.execute("INSERT INTO processed_events (event_id) VALUES (%s)", (event["event_id"],))
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (event["event_id"],))
+"""
+
+CONSUMER_IN_MEMORY_SET = """
+processed = set()
+
+async def consume_payment_event(pool, event):
+    if event["event_id"] in processed:
+        return
+    processed.add(event["event_id"])
+    async with pool.connection() as conn:
+        await conn.execute("UPDATE accounts SET balance_cents = balance_cents + %s WHERE id = %s",
+                           (event["amount_cents"], event["account_id"]))
+"""
+
+CONSUMER_READ_MODIFY_WRITE = """
+async def consume_payment_event(pool, event):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "INSERT INTO processed_events (event_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING event_id",
+            (event["event_id"],))
+        if await cur.fetchone() is None:
+            return
+        cur = await conn.execute("SELECT balance_cents FROM accounts WHERE id = %s", (event["account_id"],))
+        (balance,) = await cur.fetchone()
+        await conn.execute("UPDATE accounts SET balance_cents = %s WHERE id = %s",
+                           (balance + event["amount_cents"], event["account_id"]))
+"""
+
+CONSUMER_SWALLOWS_ERRORS = """
+async def consume_payment_event(pool, event):
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO processed_events (event_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING event_id",
+                (event["event_id"],))
+            if await cur.fetchone() is None:
+                return
+            await conn.execute("UPDATE accounts SET balance_cents = balance_cents + %s WHERE id = %s",
+                               (event["amount_cents"], event["account_id"]))
+    except Exception as err:
+        print("could not apply", event["event_id"], err)
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (CONSUMER_NO_DEDUP, "the same event delivered again"),
+        (CONSUMER_CHECK_THEN_INSERT, "credited 5 times"),
+        (CONSUMER_DEDUP_OUTSIDE_TRANSACTION, "never credited"),
+        (CONSUMER_CREDIT_THEN_DEDUP_SEPARATE_COMMITS, "credited again"),
+        (CONSUMER_IN_MEMORY_SET, "never credited"),
+        (CONSUMER_READ_MODIFY_WRITE, "lost"),
+        (CONSUMER_SWALLOWS_ERRORS, "swallowed"),
+    ],
+    ids=[
+        "no-dedup",
+        "check-then-insert",
+        "dedup-insert-outside-transaction",
+        "credit-then-dedup-separate-commits",
+        "in-memory-set",
+        "read-modify-write",
+        "swallows-errors",
+    ],
+)
+def test_03_consumer_wrong_answers_rejected(source, mentions):
+    assert_rejected("consume_payment_event", source, mentions=mentions)
+
+
+# ----------------------------------------------------------------------------- the notebook as a whole
+
+SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "03_idempotency" / "03_idempotency.ipynb"
+
+
+@pytest.mark.slow
+def test_03_course_check_scores_a_wrong_notebook_below_full_marks(tmp_path):
+    from autograder.check import check
+
+    nb = json.loads(SOLUTION.read_text())
+    wrong = {"create_order": CHECK_THEN_INSERT, "consume_payment_event": CONSUMER_DEDUP_OUTSIDE_TRANSACTION}
+    for cell in nb["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in wrong:
+            cell["source"] = wrong[gid]
+    path = tmp_path / "03_idempotency.ipynb"
+    path.write_text(json.dumps(nb))
+    res = check(path)
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    by_task = {t.id: t for t in res.tasks}
+    assert res.score == 0, res
+    assert not by_task["create_order"].passed and not by_task["consume_payment_event"].passed
