@@ -445,6 +445,33 @@ async def fire(n: int, make_call: Callable[[int], Awaitable]) -> list:
     return await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def outcome(result) -> str:
+    """One short line for what a request got: an order, a stored response or an error."""
+    if isinstance(result, BaseException):
+        text = str(result).splitlines()[0] if str(result) else ""
+        return f"{type(result).__name__}{': ' + text[:70] if text else ''}"
+    if isinstance(result, dict) and "order_id" in result:
+        return f"order {result['order_id']} (charge {result.get('charge_id')})"
+    return repr(result)
+
+
+async def charges_in_burst(pool, handler, n: int, *, gap: float = 0.0, delay: float = 0.05) -> int:
+    """How many times the card is charged when ``n`` requests with one key arrive ``gap`` s apart.
+
+    ``handler`` is a ``create_order``-shaped function; requests that get 409 retry (real sleeps).
+    """
+    card = Card(delay=delay)
+    key = f"burst-{time.perf_counter_ns()}"
+    body = {"customer": key, "amount_cents": 100}
+
+    async def one(i: int):
+        await asyncio.sleep(i * gap)
+        return await call_with_retry(lambda: handler(pool, key, body, card.charge), base_delay=0.02)
+
+    await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+    return len(card.charged)
+
+
 def plot_timeline(timeline: Timeline, title: str, ax=None):
     """A Gantt chart of the spans: one lane per request, one colour per step."""
     import matplotlib.pyplot as plt
