@@ -168,6 +168,10 @@ def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[s
     """Start the wheel's redis-server on a unix socket in ``directory``; return (process, url)."""
     directory.mkdir(parents=True, exist_ok=True)
     sock = directory / "redis.sock"
+    if len(str(sock)) > 100:  # unix socket paths are limited to ~107 bytes
+        short = Path(tempfile.mkdtemp(prefix="course-redis-"))
+        (directory / "socket-dir").write_text(str(short))
+        sock = short / "redis.sock"
     conf = directory / "redis.conf"
     conf.write_text(
         "\n".join(
@@ -274,6 +278,9 @@ def stop_embedded(run: Path, *, redis_proc=None, pg=None) -> None:
         except Exception:  # noqa: BLE001 - fall back to pg_ctl below
             pass
     _pg_ctl_stop(run / "pg")
+    short = run / "redis" / "socket-dir"
+    if short.exists():
+        shutil.rmtree(short.read_text().strip(), ignore_errors=True)
     shutil.rmtree(run, ignore_errors=True)
 
 

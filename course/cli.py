@@ -218,11 +218,25 @@ def lab_cmd(args) -> int:
     print(f"                      DATABASE_URL={srv.database_url}")
     cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={REPO}", *args.jupyter_args]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
+
+    def on_sigterm(signum, frame):  # noqa: ARG001 - stop JupyterLab (and its kernels) first
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        sys.exit(143)  # atexit then stops the servers
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         return proc.wait()
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGINT)
-        return proc.wait()
+        try:
+            return proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            return proc.wait()
 
 
 # ----------------------------------------------------------------------------- check
@@ -252,14 +266,17 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=up)
     sub.add_parser("down", help="stop the servers of `course up`").set_defaults(fn=down)
     sub.add_parser("_serve").set_defaults(fn=_serve)
-    p = sub.add_parser("lab", help="JupyterLab on the workbook with live servers")
-    p.add_argument("jupyter_args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("lab", help="JupyterLab on the workbook with live servers (other options go to jupyter lab)")
     p.set_defaults(fn=lab_cmd)
     p = sub.add_parser("check", help="grade a chapter notebook as the instructor would")
     p.add_argument("path", help="a chapter notebook (.ipynb)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=check_cmd)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "lab":
+        args.jupyter_args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.fn(args)
     except KeyboardInterrupt:

@@ -70,22 +70,26 @@ OWNER = textwrap.dedent(
 )
 
 
-def _course_processes(state: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(attrs=("cmdline", "status")):
-        cmd = " ".join(proc.info.get("cmdline") or [])
-        if state in cmd and proc.info.get("status") != psutil.STATUS_ZOMBIE:
-            found.append(proc)
-    return found
+def _server_pids(state: str) -> dict[str, int]:
+    """The pids of the run's redis-server, postgres and watchdog, read from their pid files."""
+    from pathlib import Path
+
+    (run,) = Path(state).glob("run-*")
+    pids = {
+        "redis": int((run / "redis" / "redis.pid").read_text().split()[0]),
+        "postgres": int((run / "pg" / "postmaster.pid").read_text().split()[0]),
+    }
+    for proc in psutil.process_iter(attrs=("cmdline",)):
+        if "course._watchdog" in " ".join(proc.info.get("cmdline") or []) and str(run) in proc.info["cmdline"]:
+            pids["watchdog"] = proc.pid
+    return pids
 
 
-def _postgres_for(state: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(attrs=("name", "cmdline", "status")):
-        cmd = " ".join(proc.info.get("cmdline") or [])
-        if proc.info.get("name") == "postgres" and state in cmd and proc.info.get("status") != psutil.STATUS_ZOMBIE:
-            found.append(proc)
-    return found
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.parametrize("mode", ["normal", "exception", "sigterm", "sigkill"])
@@ -94,18 +98,22 @@ def test_servers_stop_when_their_owner_exits(tmp_path, mode):
     env = dict(os.environ, COURSE_STATE_DIR=state, COURSE_BACKEND="embedded")
     env.pop("REDIS_URL", None)
     env.pop("DATABASE_URL", None)
+    log = open(tmp_path / "owner.log", "w+")  # noqa: SIM115 - read back on failure
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        [sys.executable, "-c", OWNER, mode], env=env, stdout=subprocess.PIPE, stderr=log, text=True
     )
-    assert owner.stdout.readline().strip() == "READY"
-    assert _course_processes(state), "the embedded servers should be running while their owner lives"
+    ready = owner.stdout.readline().strip()
+    log.seek(0)
+    assert ready == "READY", log.read()[-2000:]
+    pids = _server_pids(state)
+    assert set(pids) == {"redis", "postgres", "watchdog"} and all(map(_running, pids.values())), pids
     if mode == "sigterm":
         owner.send_signal(signal.SIGTERM)
     elif mode == "sigkill":
         owner.send_signal(signal.SIGKILL)
     owner.wait(30)
     deadline = time.monotonic() + 15  # the watchdog polls twice a second
-    while time.monotonic() < deadline and (_course_processes(state) or _postgres_for(state)):
+    while time.monotonic() < deadline and any(map(_running, pids.values())):
         time.sleep(0.2)
-    left = [p.info.get("cmdline") for p in _course_processes(state) + _postgres_for(state)]
+    left = {name: pid for name, pid in pids.items() if _running(pid)}
     assert not left, f"left running after a {mode} exit: {left}"
