@@ -269,10 +269,19 @@ def _results(root: Path, assignment: str, nb_name: str, source: dict, into: Chec
                 points = 0.0
             max_points = float(meta.get("points", 0))
             task_id = gid.removeprefix("check_")
-            tasks.append(
-                TaskResult(task_id, float(points or 0.0), max_points, (points or 0) >= max_points, outputs.get(gid, ""))
-            )
+            feedback = _feedback(task_id, outputs.get(gid, ""))
+            tasks.append(TaskResult(task_id, float(points or 0.0), max_points, (points or 0) >= max_points, feedback))
     return tasks
+
+
+def _feedback(task_id: str, text: str) -> str:
+    """The hidden checks' report when they ran (the public lines repeat part of it)."""
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        if re.match(rf"{re.escape(task_id)}: [0-9.]+/[0-9.]+ points$", line):
+            body = [x for x in lines[index + 1 :] if not x.startswith("TaskFailed:")]
+            return "\n".join(x[2:] if x.startswith("  ") else x for x in body).strip()
+    return "\n".join(x.strip() for x in lines if x.strip()).strip()
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -349,11 +358,9 @@ def render(res: CheckResult) -> str:
     for t in res.tasks:
         mark = "[ok]  " if t.passed else "[FAIL]"
         lines.append(f"{mark} {t.id}: {t.points:g}/{t.max_points:g} points")
-        for line in t.feedback.splitlines():
-            if line.startswith(f"{t.id}:") and "points" in line:
-                continue  # the harness's own header repeats the score above
-            lines.append(f"    {line}")
+        lines.extend(f"    {line}" for line in t.feedback.splitlines())
         lines.append("")
     lines.extend(f"note: {n}" for n in res.notes)
+    lines.extend(f"note: {e}" for e in res.cell_errors)
     lines.append(f"total: {res.score:g}/{res.max_score:g} ({res.seconds:.1f} s)")
     return "\n".join(lines)
