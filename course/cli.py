@@ -216,7 +216,16 @@ def lab_cmd(args) -> int:
     env = dict(os.environ, **srv.as_env(), COURSE_BACKEND="env")
     print(f"live servers ({srv.kind}): REDIS_URL={srv.redis_url}")
     print(f"                      DATABASE_URL={srv.database_url}")
-    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={REPO}", *args.jupyter_args]
+    first = "notebooks/00_setup_and_tour/00_setup_and_tour.ipynb"
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        f"--notebook-dir={REPO}",
+        f"--ServerApp.default_url=/lab/tree/{first}",
+        *args.jupyter_args,
+    ]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
 
     def on_sigterm(signum, frame):  # noqa: ARG001 - stop JupyterLab (and its kernels) first
