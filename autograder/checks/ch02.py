@@ -1,0 +1,512 @@
+"""Hidden checks of chapter 02 (circuit breakers, bulkheads and backpressure).
+
+``circuit_breaker`` ports the seed's practice 2: a 30-second outage of a dependency on a
+virtual clock. ``bulkhead`` fills bulkheads with calls that block on events the check
+controls, so "how many are running" and "who was rejected at once" are exact, not timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from autograder.harness import Report, task
+from course.breaker import CircuitOpenError
+from course.bulkhead import BulkheadFullError
+from course.faults import DependencyError, VirtualClock, _until_idle
+
+OUTAGE = (10.0, 40.0)  # the dependency is down from t=10 s to t=40 s: 30 seconds
+COOLDOWN = 10.0
+
+
+class Payments:
+    """The dependency under the breaker: down during OUTAGE (503s and timeouts), else "paid".
+
+    ``gate``: when set to an ``asyncio.Event``, a call waits on it before answering, so the
+    check can hold a probe in flight while other callers arrive.
+    """
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.calls: list[float] = []
+        self.gate: asyncio.Event | None = None
+        self.blip = False  # the next call fails once with a 503, whatever the time
+        self.status: int | None = None  # every call fails with this status (a 404, say)
+
+    async def __call__(self) -> str:
+        self.calls.append(self.clock())
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.status is not None:
+            raise DependencyError(self.status, f"payments answered {self.status}")
+        if self.blip:
+            self.blip = False
+            raise DependencyError(503, "payments answered 503")
+        if OUTAGE[0] <= self.clock() < OUTAGE[1]:
+            if len(self.calls) % 2:
+                raise TimeoutError("payments did not answer within the timeout")
+            raise DependencyError(503, "payments answered 503")
+        return "paid"
+
+
+class Spawned(list):
+    """Tasks a check starts; at the end every one is cancelled or has its outcome retrieved,
+    so no "exception was never retrieved" warning leaks into a later notebook cell."""
+
+    def __call__(self, coro) -> asyncio.Future:
+        fut = asyncio.ensure_future(coro)
+        self.append(fut)
+        return fut
+
+    async def settle(self) -> None:
+        for fut in self:
+            if not fut.done():
+                fut.cancel()
+        await asyncio.gather(*self, return_exceptions=True)
+
+
+async def _attempt(breaker, fn) -> tuple[str, object]:
+    """("ok", value), ("open", CircuitOpenError), ("error", the dependency's error) or ("other", err)."""
+    try:
+        return "ok", await breaker.call(fn)
+    except CircuitOpenError as err:
+        return "open", err
+    except (DependencyError, TimeoutError) as err:
+        return "error", err
+    except Exception as err:  # noqa: BLE001 - reported to the learner
+        return "other", err
+
+
+def _seen(outcome: tuple[str, object]) -> str:
+    kind, value = outcome
+    if kind == "ok":
+        return f"returned {value!r}"
+    if kind == "open":
+        return "raised CircuitOpenError"
+    return f"raised {type(value).__name__}: {value}"
+
+
+@task(
+    "circuit_breaker",
+    chapter="02",
+    points=6,
+    title="circuit breaker: fail fast through a 30-second outage, one probe, recovery",
+    needs=("CircuitBreaker",),
+    timeout=30,
+)
+async def check_circuit_breaker(r: Report, CircuitBreaker) -> None:
+    spawn = Spawned()
+    try:
+        await _check_breaker(r, CircuitBreaker, spawn)
+    finally:
+        await spawn.settle()
+
+
+async def _check_breaker(r: Report, CircuitBreaker, spawn: Spawned) -> None:
+    import course.breaker
+
+    if CircuitBreaker is course.breaker.CircuitBreaker:
+        r.fail("CircuitBreaker is the course's reference class imported from course.breaker: write your own")
+    clock = VirtualClock(auto=False)
+    pay = Payments(clock)
+
+    def at(t: float) -> None:
+        clock.advance(max(0.0, t - clock()))
+
+    r.note(f"CircuitBreaker(threshold=0.5, window_size=10, cooldown={COOLDOWN:g}, clock=<virtual clock>)")
+    r.note(f"payments is down from t={OUTAGE[0]:g} s to t={OUTAGE[1]:g} s (503s and timeouts); one call a second")
+    br = CircuitBreaker(threshold=0.5, window_size=10, cooldown=COOLDOWN, clock=clock)
+    r.expect(br.state == "closed", f"a new breaker's state is {br.state!r}, expected 'closed'")
+
+    for t in range(10):
+        at(t)
+        out = await _attempt(br, pay)
+        if out[0] != "ok":
+            r.fail(f"healthy call at t={t} s {_seen(out)}, expected 'paid'")
+    r.expect(
+        len(pay.calls) == 10,
+        f"10 healthy calls at t=0..9 s: all returned 'paid', payments called {len(pay.calls)} times",
+    )
+
+    # --- the outage begins: the breaker must trip within one window
+    failing, t = 0, OUTAGE[0]
+    while True:
+        at(t)
+        before = len(pay.calls)
+        out = await _attempt(br, pay)
+        if out[0] == "open":
+            break
+        if out[0] == "other":
+            r.fail(f"call at t={t:g} s during the outage {_seen(out)}: let the dependency's error propagate unchanged")
+        if out[0] == "ok" or len(pay.calls) != before + 1:
+            r.fail(f"call at t={t:g} s during the outage {_seen(out)} with {len(pay.calls) - before} calls to payments")
+        failing += 1
+        if failing > 10:
+            r.fail(
+                "11 failing calls in a row during the outage and the breaker still calls payments: it should open "
+                "once half of a 10-call window failed (does it read time from clock= and count 503s and timeouts?)"
+            )
+        t += 1
+    tripped_at = t - 1
+    r.expect(
+        failing >= 3,
+        f"the breaker opened after {failing} failing calls that followed 10 healthy ones"
+        + ("" if failing >= 3 else ": 2 failures in a 10-call window are far below a 0.5 threshold"),
+    )
+    r.expect(br.state == "open", f"after tripping, state reads {br.state!r}, expected 'open'")
+    calls_at_trip = len(pay.calls)
+    for dt in range(1, int(COOLDOWN)):
+        at(tripped_at + dt)
+        out = await _attempt(br, pay)
+        if out[0] != "open" or len(pay.calls) != calls_at_trip:
+            r.fail(
+                f"call at t={tripped_at + dt:g} s, {dt} s into the {COOLDOWN:g} s cooldown, {_seen(out)} and "
+                f"payments was called {len(pay.calls) - calls_at_trip} times; expected CircuitOpenError and no call"
+            )
+    r.ok(f"{int(COOLDOWN) - 1} calls during the cooldown failed fast with CircuitOpenError, payments not called")
+    if r.public:
+        return
+
+    # --- half-open: exactly one probe while concurrent callers are rejected
+    probe_at = tripped_at + COOLDOWN + 0.5
+    at(probe_at)
+    pay.gate = asyncio.Event()
+    probe = spawn(_attempt(br, pay))
+    await _until_idle()
+    r.expect(
+        len(pay.calls) == calls_at_trip + 1 and not probe.done(),
+        f"after the cooldown (t={probe_at:g} s) one call went through as the probe and is waiting on payments"
+        if len(pay.calls) == calls_at_trip + 1 and not probe.done()
+        else f"after the cooldown (t={probe_at:g} s) a call {_seen(probe.result()) if probe.done() else 'waited'} "
+        f"with {len(pay.calls) - calls_at_trip} calls to payments; expected one probe call, still in flight"
+        + (
+            " (the cooldown has passed on the clock passed as clock=: read time only from it)"
+            if probe.done() and probe.result()[0] == "open"
+            else ""
+        ),
+    )
+    r.expect(br.state == "half-open", f"while the probe is in flight, state reads {br.state!r}, expected 'half-open'")
+    others = spawn(asyncio.gather(*(_attempt(br, pay) for _ in range(5))))
+    await _until_idle()
+    let_through = len(pay.calls) - calls_at_trip - 1
+    rejected = sum(1 for o in others.result() if o[0] == "open") if others.done() else 0
+    r.expect(
+        let_through == 0 and rejected == 5,
+        "5 concurrent callers during the probe: all 5 rejected with CircuitOpenError, payments not called"
+        if let_through == 0 and rejected == 5
+        else f"5 concurrent callers (asyncio.gather) while the probe was in flight: {let_through} were let through to "
+        f"payments, {rejected} rejected; half-open admits exactly one probe, everyone else fails fast",
+    )
+    pay.gate.set()
+    pay.gate = None
+    await _until_idle()
+    out = probe.result()
+    others.cancel()
+    r.expect(
+        out[0] == "error",
+        f"the probe failed (payments still down at t={probe_at:g} s) and its {_seen(out)[7:]} reached the caller"
+        if out[0] == "error"
+        else f"the probe at t={probe_at:g} s {_seen(out)}; expected the dependency's own error",
+    )
+    r.expect(br.state == "open", f"after a failed probe, state reads {br.state!r}, expected 'open'")
+
+    # --- a failed probe reopens with a fresh cooldown; probe until the outage is over
+    probes = 1
+    last_probe = probe_at
+    while True:
+        calls = len(pay.calls)
+        for dt in (1.0, COOLDOWN - 1):
+            at(last_probe + dt)
+            out = await _attempt(br, pay)
+            if out[0] != "open" or len(pay.calls) != calls:
+                r.fail(
+                    f"{dt:g} s after the failed probe at t={last_probe:g} s a call {_seen(out)} with "
+                    f"{len(pay.calls) - calls} calls to payments; a failed probe opens the breaker for a fresh "
+                    f"{COOLDOWN:g} s cooldown, counted from the probe"
+                )
+        last_probe += COOLDOWN + 0.5
+        at(last_probe)
+        out = await _attempt(br, pay)
+        probes += 1
+        if len(pay.calls) != calls + 1:
+            r.fail(
+                f"the cooldown after the probe at t={last_probe - COOLDOWN - 0.5:g} s had passed, yet at "
+                f"t={last_probe:g} s a call {_seen(out)} with {len(pay.calls) - calls} calls to payments; "
+                "expected one probe"
+            )
+        if out[0] == "ok":
+            break
+        if br.state != "open" or probes > 6:
+            r.fail(f"after the failed probe at t={last_probe:g} s state reads {br.state!r}, expected 'open'")
+    r.expect(
+        last_probe >= OUTAGE[1] and br.state == "closed",
+        f"{probes} probes in all; the one at t={last_probe:g} s (outage over) succeeded and closed the breaker",
+    )
+    down_calls = [c for c in pay.calls if OUTAGE[0] <= c < OUTAGE[1]]
+    r.note(
+        f"payments was called {len(down_calls)} times during the 30 s outage ({failing} before tripping, the rest probes)"
+    )
+
+    # --- traffic recovers, counting afresh
+    calls = len(pay.calls)
+    pay.blip = True
+    outcomes = []
+    for i in range(20):
+        at(last_probe + 1 + i)
+        outcomes.append(await _attempt(br, pay))
+    reached = len(pay.calls) - calls
+    ok = sum(1 for o in outcomes if o[0] == "ok")
+    r.expect(
+        reached == 20 and ok == 19 and outcomes[0][0] == "error",
+        "after recovery 20 calls, the first a one-off 503: all 20 reached payments, 19 returned 'paid'"
+        if reached == 20 and ok == 19
+        else f"after recovery 20 calls, the first a one-off 503: {reached} reached payments, {ok} returned 'paid', "
+        f"state {br.state!r}; a breaker that closes must start counting afresh (old failures must not count again)",
+    )
+
+    # --- 4xx are answers, not illness
+    clock2 = VirtualClock(auto=False)
+    pay2 = Payments(clock2)
+    pay2.status = 404
+    br2 = CircuitBreaker(threshold=0.5, window_size=10, cooldown=COOLDOWN, clock=clock2)
+    outs = []
+    for _ in range(20):
+        outs.append(await _attempt(br2, pay2))
+        clock2.advance(1)
+    errors = sum(1 for o in outs if o[0] == "error" and getattr(o[1], "status", None) == 404)
+    r.expect(
+        errors == 20 and len(pay2.calls) == 20 and br2.state == "closed",
+        "20 calls answered 404 (with the default is_failure): each raised the 404, none tripped the breaker"
+        if errors == 20 and len(pay2.calls) == 20
+        else f"20 calls answered 404: {errors} raised the 404, payments called {len(pay2.calls)} times, state "
+        f"{br2.state!r}; a 404 is the dependency answering, not failing: is_failure must not count it",
+    )
+    clock3 = VirtualClock(auto=False)
+    pay3 = Payments(clock3)
+    pay3.status = 404
+    br3 = CircuitBreaker(threshold=0.5, window_size=10, cooldown=COOLDOWN, clock=clock3, is_failure=lambda err: True)
+    for _ in range(12):
+        await _attempt(br3, pay3)
+        clock3.advance(1)
+    r.expect(
+        br3.state == "open" and len(pay3.calls) <= 10,
+        "with is_failure=lambda err: True the same 404s opened the breaker: the classifier is the one passed in"
+        if br3.state == "open" and len(pay3.calls) <= 10
+        else f"with is_failure=lambda err: True, 12 calls answered 404: state {br3.state!r}, payments called "
+        f"{len(pay3.calls)} times; expected the breaker to open within 10 calls (use the is_failure passed in)",
+    )
+
+
+# ----------------------------------------------------------------------------- bulkhead
+
+
+class Blocking:
+    """A dependency whose calls wait on ``gate`` (set it to let them finish); counts concurrency."""
+
+    def __init__(self, gate: asyncio.Event | None = None) -> None:
+        self.gate = gate or asyncio.Event()
+        self.entered = 0
+        self.running = 0
+        self.max_running = 0
+
+    async def __call__(self) -> str:
+        self.entered += 1
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await self.gate.wait()
+            return "done"
+        finally:
+            self.running -= 1
+
+
+def _state(tasks: list[asyncio.Future]) -> tuple[int, int, int, int]:
+    """(pending, ok, rejected with BulkheadFullError, other errors)."""
+    pending = sum(1 for t in tasks if not t.done())
+    done = [t for t in tasks if t.done() and not t.cancelled()]
+    ok = sum(1 for t in done if t.exception() is None)
+    full = sum(1 for t in done if isinstance(t.exception(), BulkheadFullError))
+    return pending, ok, full, len(done) - ok - full
+
+
+async def _cleanup(*tasks: asyncio.Future) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@task(
+    "bulkhead",
+    chapter="02",
+    points=4,
+    title="bulkhead: bounded concurrency and queue per dependency",
+    needs=("Bulkhead",),
+    timeout=30,
+    seed=202,
+)
+async def check_bulkhead(r: Report, Bulkhead) -> None:
+    spawn = Spawned()
+    try:
+        await _check_bulkhead(r, Bulkhead, spawn)
+    finally:
+        await spawn.settle()
+
+
+async def _check_bulkhead(r: Report, Bulkhead, spawn: Spawned) -> None:
+    import course.bulkhead
+
+    if Bulkhead is course.bulkhead.Bulkhead:
+        r.fail("Bulkhead is the course's reference class imported from course.bulkhead: write your own")
+    dep = Blocking()
+    bh = Bulkhead(3, max_queue=2)
+    tasks = [spawn(bh.call(dep)) for _ in range(10)]
+    await _until_idle()
+    pending, ok, full, other = _state(tasks)
+    r.expect(
+        dep.entered == 3 and full == 5 and pending == 5 and other == 0,
+        "10 calls at once into Bulkhead(3, max_queue=2): 3 running, 2 waiting, 5 rejected at once with BulkheadFullError"
+        if dep.entered == 3 and full == 5 and pending == 5
+        else f"10 calls at once into Bulkhead(3, max_queue=2): {dep.entered} running, {pending - dep.entered} waiting, "
+        f"{full} rejected with BulkheadFullError, {other} other errors; expected 3, 2, 5, 0"
+        + (" (an unbounded queue lets every caller wait)" if full == 0 and dep.entered <= 3 else ""),
+    )
+    dep.gate.set()
+    await _until_idle()
+    pending, ok, full, other = _state(tasks)
+    results = {t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None}
+    r.expect(
+        ok == 5 and pending == 0 and dep.max_running == 3 and results == {"done"},
+        "released: the 3 running and then the 2 waiting calls finished and returned fn's value; never more than 3 at once"
+        if ok == 5 and pending == 0 and dep.max_running == 3
+        else f"released the dependency: {ok} calls finished, {pending} still pending, at most {dep.max_running} ran at "
+        "once; expected 5 finished and 3 at once",
+    )
+    if r.public:
+        return
+
+    clock = VirtualClock()
+
+    async def varied() -> str:
+        varied.running += 1
+        varied.peak = max(varied.peak, varied.running)
+        await clock.sleep(r.random.uniform(0.1, 2.0))
+        varied.running -= 1
+        return "ok"
+
+    varied.running = varied.peak = 0
+    bh = Bulkhead(4, max_queue=100)
+    results = await asyncio.gather(*(bh.call(varied) for _ in range(60)), return_exceptions=True)
+    done = sum(1 for x in results if x == "ok")
+    r.expect(
+        done == 60 and varied.peak == 4,
+        f"60 calls of random length through Bulkhead(4, max_queue=100): all finished, at most {varied.peak} at once"
+        if done == 60 and varied.peak == 4
+        else f"60 calls of random length through Bulkhead(4, max_queue=100): {done} finished, {varied.peak} ran at "
+        "once at the peak; expected all 60 and exactly 4 at once",
+    )
+
+    # --- a hung dependency fills its own bulkhead only
+    hung = Blocking()
+    search, payments = Bulkhead(2, max_queue=1), Bulkhead(2, max_queue=1)
+    stuck = [spawn(search.call(hung)) for _ in range(4)]
+    await _until_idle()
+    quick = Blocking()
+    quick.gate.set()
+
+    async def five_payments() -> list:
+        return [await payments.call(quick) for _ in range(5)]
+
+    pay_task = spawn(five_payments())
+    await _until_idle()
+    r.expect(
+        pay_task.done() and pay_task.exception() is None and quick.entered == 5,
+        "search hung with its bulkhead full (2 running, 1 waiting, 1 rejected); 5 payments through their own "
+        "bulkhead finished at once"
+        if pay_task.done() and pay_task.exception() is None
+        else f"search hung with its bulkhead full; 5 payments through another Bulkhead: "
+        f"{'still waiting' if not pay_task.done() else 'raised ' + repr(pay_task.exception())}, "
+        f"{quick.entered} reached payments. Bulkheads must not share permits",
+    )
+    await _cleanup(*stuck, pay_task)
+
+    # --- permits come back when a call raises
+    bh = Bulkhead(2, max_queue=0)
+
+    async def broken() -> str:
+        raise ValueError("card declined")
+
+    raised = []
+    for _ in range(6):
+        try:
+            await bh.call(broken)
+            raised.append("no error")
+        except Exception as err:  # noqa: BLE001 - recorded
+            raised.append(type(err).__name__)
+    after = Blocking()
+    tasks = [spawn(bh.call(after)) for _ in range(3)]
+    await _until_idle()
+    pending, ok, full, other = _state(tasks)
+    r.expect(
+        raised == ["ValueError"] * 6 and after.entered == 2 and full == 1,
+        "6 calls that raised ValueError each passed it on; then 2 of 3 calls ran and 1 was rejected: no permit leaked"
+        if raised == ["ValueError"] * 6 and after.entered == 2 and full == 1
+        else f"6 calls that raise ValueError through Bulkhead(2) raised {sorted(set(raised))}; then 3 calls at once: "
+        f"{after.entered} ran, {full} rejected; expected 2 and 1 (a permit not returned in `finally` leaks on an error)",
+    )
+    await _cleanup(*tasks)
+
+    # --- permits come back when a running call is cancelled
+    bh = Bulkhead(2, max_queue=0)
+    first = Blocking()
+    running = [spawn(bh.call(first)) for _ in range(2)]
+    await _until_idle()
+    await _cleanup(*running)
+    second = Blocking()
+    tasks = [spawn(bh.call(second)) for _ in range(3)]
+    await _until_idle()
+    pending, ok, full, other = _state(tasks)
+    r.expect(
+        second.entered == 2 and full == 1,
+        "2 running calls cancelled; then 2 of 3 new calls ran and 1 was rejected: the permits came back"
+        if second.entered == 2 and full == 1
+        else f"cancelled 2 running calls in Bulkhead(2); then 3 calls at once: {second.entered} ran, {full} rejected; "
+        "expected 2 and 1 (CancelledError is a BaseException: `except Exception` does not release the permit)",
+    )
+    await _cleanup(*tasks)
+
+    # --- and when a waiting call is cancelled
+    bh = Bulkhead(1, max_queue=2)
+    gate = asyncio.Event()
+    dep = Blocking(gate)
+    a, b, c = (spawn(bh.call(dep)) for _ in range(3))
+    await _until_idle()
+    b.cancel()
+    await _until_idle()
+    d = spawn(bh.call(dep))
+    e = spawn(bh.call(dep))
+    await _until_idle()
+
+    def fate(t: asyncio.Future) -> str:
+        if not t.done():
+            return "waits"
+        return "was rejected" if isinstance(t.exception(), BulkheadFullError) else f"ended with {t.exception()!r}"
+
+    r.expect(
+        fate(d) == "waits" and fate(e) == "was rejected",
+        "1 running and 2 waiting in Bulkhead(1, max_queue=2); one waiter cancelled; a new call took its place in the "
+        "queue and the next was rejected"
+        if fate(d) == "waits" and fate(e) == "was rejected"
+        else f"1 running and 2 waiting in Bulkhead(1, max_queue=2), then one waiter cancelled and 2 new calls: the "
+        f"first {fate(d)}, the second {fate(e)}; expected the first to wait in the freed place and the second to be "
+        "rejected (a cancelled waiter must give its place back)",
+    )
+    gate.set()
+    await _until_idle()
+    finished = [t for t in (a, c, d) if t.done() and not t.cancelled() and t.exception() is None]
+    r.expect(
+        len(finished) == 3 and dep.entered == 3 and dep.max_running == 1,
+        "released: the running call and both waiters finished, one at a time; the cancelled one never ran"
+        if len(finished) == 3 and dep.entered == 3
+        else f"released the dependency: {len(finished)} of the 3 live calls finished, {dep.entered} reached it, "
+        f"{dep.max_running} at once; expected 3, 3, 1",
+    )
+    await _cleanup(a, b, c, d, e)
