@@ -279,7 +279,8 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
     if crowd.stalls:
         r.note(
             f"the callers did not settle within {SETTLE_LIMIT:g} s of real time {crowd.stalls} time(s): "
-            "do they sleep for real (asyncio.sleep) instead of raising RequestInProgress?"
+            "do they wait outside PostgreSQL (a real asyncio.sleep, an asyncio.Lock)? Raise RequestInProgress "
+            "instead: an in-process lock does not protect two replicas of the service"
         )
     r.note(
         f"while the first charge was held: {crowd.charging_at_release} caller(s) inside charge, "
