@@ -36,6 +36,8 @@ REQUIREMENTS = [
     ("tenacity", "tenacity"),
     ("stamina", "stamina"),
     ("pybreaker", "pybreaker"),
+    ("purgatory", "purgatory"),
+    ("aiobreaker", "aiobreaker"),
     ("cachetools", "cachetools"),
 ]
 
