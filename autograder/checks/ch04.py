@@ -1,0 +1,528 @@
+"""Hidden checks of chapter 04 (caching, stampedes and invalidation).
+
+``get_cached`` is the seed's practice task 4 made strict: 50 concurrent requests for a
+missing or expired key make exactly one database query, errors reach every waiter and
+are never cached, different keys load in parallel, and TTLs are jittered.
+``get_user_cached`` is negative caching over the chapter's ``users`` view.
+
+Database queries are counted by PostgreSQL (a logging SQL function, the ``users`` view's
+``user_reads``). Concurrency is decided by what was observed, never by wall time: the
+check's loaders hold every load until all callers are parked (no Redis command on the
+wire, nothing ready to run on the loop), so one load per key is exact, and "loads run in
+parallel" means ten loads were seen running at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import random
+import time
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+
+from autograder.harness import Report, task
+from course import lab
+from course.caching import add_user, setup_users, user_queries
+
+TTL = 60.0
+_RUNS = itertools.count(1)  # fresh key names per run: a learner's per-key locks belong to one event loop
+
+
+# ----------------------------------------------------------------------------- watching Redis traffic
+
+
+class _Traffic:
+    def __init__(self) -> None:
+        self.in_flight = 0
+
+
+class _CountingPipeline(Pipeline):
+    traffic: _Traffic
+
+    async def execute(self, raise_on_error: bool = True):
+        self.traffic.in_flight += 1
+        try:
+            return await super().execute(raise_on_error)
+        finally:
+            self.traffic.in_flight -= 1
+
+
+class _CountingRedis(aioredis.Redis):
+    """A ``redis.asyncio.Redis`` that knows how many of its commands are on the wire right now."""
+
+    traffic: _Traffic
+
+    async def execute_command(self, *args, **options):
+        self.traffic.in_flight += 1
+        try:
+            return await super().execute_command(*args, **options)
+        finally:
+            self.traffic.in_flight -= 1
+
+    def pipeline(self, transaction: bool = True, shard_hint=None):
+        pipe = _CountingPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+        pipe.traffic = self.traffic
+        return pipe
+
+
+def _watched_redis(ns) -> _CountingRedis:
+    client = _CountingRedis.from_url(ns.redis_url, decode_responses=True)
+    client.traffic = _Traffic()
+    return client
+
+
+async def _parked(traffic: _Traffic, limit: float = 5.0) -> bool:
+    """Wait until every other task is parked: no Redis command in flight and nothing ready to run.
+
+    Only a liveness bound (``limit``) is real time; correct code parks within milliseconds.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + limit
+    calm = 0
+    while time.monotonic() < deadline:
+        for _ in range(200):
+            await asyncio.sleep(0)
+            if not getattr(loop, "_ready", None):
+                break
+        if traffic.in_flight == 0 and not getattr(loop, "_ready", None):
+            calm += 1
+            if calm >= 3:
+                return True
+        else:
+            calm = 0
+            await asyncio.sleep(0.002)  # a reply is on its way
+    return False
+
+
+# ----------------------------------------------------------------------------- the data source
+
+SOURCE_SQL = """
+CREATE TABLE source_loads (
+    id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key text NOT NULL,
+    at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION load_value(p_key text) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE n bigint;
+BEGIN
+    INSERT INTO source_loads (key) VALUES (p_key);
+    SELECT count(*) INTO n FROM source_loads WHERE key = p_key;
+    RETURN jsonb_build_object('key', p_key, 'load', n);
+END $$;
+"""
+
+
+class SourceDown(Exception):
+    """The check's database is down for this key."""
+
+
+class _Source:
+    """Loaders for the check: each load is one query PostgreSQL logs; loads are held until callers park."""
+
+    def __init__(self, pool, traffic: _Traffic) -> None:
+        self.pool = pool
+        self.traffic = traffic
+        self.running = 0
+        self.max_running = 0
+        self.failing: set[str] = set()
+
+    async def setup(self) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(SOURCE_SQL)
+
+    def loader(self, key: str):
+        async def load():
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            try:
+                await _parked(self.traffic)
+                if key in self.failing:
+                    raise SourceDown(f"database unavailable while loading {key}")
+                async with self.pool.connection() as conn:
+                    row = await (await conn.execute("SELECT load_value(%s)", (key,))).fetchone()
+                return row[0]
+            finally:
+                self.running -= 1
+
+        return load
+
+    async def queries(self, key: str | None = None) -> int:
+        async with self.pool.connection() as conn:
+            if key is None:
+                row = await (await conn.execute("SELECT count(*) FROM source_loads")).fetchone()
+            else:
+                row = await (await conn.execute("SELECT count(*) FROM source_loads WHERE key = %s", (key,))).fetchone()
+        return int(row[0])
+
+
+@contextlib.contextmanager
+def _seeded(r: Report):
+    """Seed the ``random`` module from the report's seed for the check (restored afterwards)."""
+    state = random.getstate()
+    random.seed(r.random.getrandbits(64))
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
+async def _burst(n: int, call) -> list:
+    return await asyncio.gather(*(call() for _ in range(n)), return_exceptions=True)
+
+
+def _describe(results: list) -> str:
+    kinds: dict[str, int] = {}
+    for x in results:
+        label = f"{type(x).__name__}: {x}"[:120] if isinstance(x, BaseException) else repr(x)
+        kinds[label] = kinds.get(label, 0) + 1
+    return ", ".join(f"{n} x {label}" for label, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:3])
+
+
+def _check(r: Report, cond: bool, ok: str, fail: str) -> None:
+    """One observation: the ``ok`` line if it holds, else the ``fail`` line (which ends the check)."""
+    r.expect(cond, ok if cond else fail)
+
+
+# ----------------------------------------------------------------------------- get_cached
+
+
+@task(
+    "get_cached",
+    chapter="04",
+    points=6,
+    title="cache-aside with single-flight and jittered TTLs",
+    timeout=60,
+    seed=4004,
+)
+async def check_get_cached(r: Report, get_cached) -> None:
+    run = next(_RUNS)
+    async with lab.scratch("ch04") as ns:
+        pool = await ns.pool(max_size=12)
+        redis = _watched_redis(ns)
+        try:
+            with _seeded(r):
+                await _check_get_cached(r, get_cached, pool, redis, f"ch04:{run}")
+        finally:
+            await redis.aclose()
+
+
+async def _check_get_cached(r: Report, get_cached, pool, redis, prefix: str) -> None:
+    src = _Source(pool, redis.traffic)
+    await src.setup()
+    hot = f"{prefix}:hot"
+    r.note(f"each load is one query that PostgreSQL logs; ttl={TTL:g} s; hot key {hot!r}")
+
+    # 1. a stampede on a missing key ------------------------------------------------------
+    got = await _burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
+    errors = [x for x in got if isinstance(x, BaseException)]
+    _check(
+        r,
+        not errors,
+        "50 concurrent calls on an empty cache all returned",
+        f"50 concurrent calls on an empty cache: {len(errors)} raised ({_describe(errors)})",
+    )
+    queries = await src.queries(hot)
+    _check(
+        r,
+        queries == 1,
+        "50 concurrent calls on a missing key made 1 database query",
+        f"50 concurrent calls on a missing key made {queries} database queries, expected exactly 1: "
+        "concurrent callers of one key must share one load (single-flight)",
+    )
+    first = {"key": hot, "load": 1}
+    _check(
+        r,
+        all(v == first for v in got),
+        f"all 50 callers got {first}",
+        f"the 50 callers got {_describe(got)}, expected 50 x {first}",
+    )
+    if r.public:
+        return
+
+    raw = await redis.get(hot)
+    stored = None
+    with contextlib.suppress(TypeError, ValueError):
+        stored = json.loads(raw)
+    _check(
+        r,
+        stored == first,
+        f"Redis holds the value as JSON under {hot!r}",
+        f"Redis holds {raw!r} under {hot!r}, expected the JSON of {first}",
+    )
+    pttl = await redis.pttl(hot)
+    _check(
+        r,
+        pttl > 0,
+        f"the key has a TTL ({pttl / 1000:.1f} s)",
+        "the key has no TTL (PTTL -1): every key needs one, or a lost invalidation lives forever",
+    )
+
+    # 2. hits ------------------------------------------------------------------------------
+    got = await _burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
+    queries = await src.queries(hot)
+    _check(
+        r,
+        queries == 1 and all(v == first for v in got),
+        "50 more calls while the key is cached: no query, all got the cached value",
+        f"50 more calls while the key is cached made {queries - 1} more queries and returned {_describe(got)}, "
+        "expected no query (read Redis first)",
+    )
+
+    # 3. after expiry ----------------------------------------------------------------------
+    await redis.delete(hot)
+    r.note("the hot key expires (deleted), then 50 concurrent calls again")
+    got = await _burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
+    again = await src.queries(hot) - 1
+    stuck = " (something outside Redis still holds the old value: a finished load left in the in-flight map?)"
+    _check(
+        r,
+        again == 1,
+        "after expiry: exactly 1 more query",
+        f"after expiry the burst made {again} queries, expected exactly 1{stuck if again == 0 else ''}",
+    )
+    second = {"key": hot, "load": 2}
+    _check(
+        r,
+        all(v == second for v in got),
+        f"all 50 got the fresh value {second}",
+        f"after expiry the callers got {_describe(got)}, expected 50 x {second}",
+    )
+
+    # 4. a load that fails -------------------------------------------------------------------
+    flaky = f"{prefix}:flaky"
+    src.failing.add(flaky)
+    got = await _burst(20, lambda: get_cached(redis, flaky, TTL, src.loader(flaky)))
+    saw = [x for x in got if isinstance(x, Exception)]
+    _check(
+        r,
+        len(saw) == 20,
+        "a failing load: all 20 waiting callers got the error",
+        f"a failing load: {len(saw)} of 20 callers got an error; the others got "
+        f"{_describe([x for x in got if not isinstance(x, Exception)])} (every caller waiting on the load must see "
+        "its error)",
+    )
+    leftover = await redis.get(flaky)
+    _check(
+        r,
+        leftover is None,
+        "nothing was cached for the failed load",
+        f"after the failed load Redis holds {leftover!r} under the key: an error must not be cached",
+    )
+    src.failing.discard(flaky)
+    before = await src.queries(flaky)
+    try:
+        value = await get_cached(redis, flaky, TTL, src.loader(flaky))
+    except Exception as err:  # noqa: BLE001 - learner code
+        r.fail(
+            f"the first call after the failed load raised {type(err).__name__}: {err}; it must load again "
+            "(the failed in-flight entry was never removed, so one error poisons the key)"
+        )
+        return
+    loaded = await src.queries(flaky) - before
+    _check(
+        r,
+        loaded == 1 and value == {"key": flaky, "load": 1},
+        "the next call after the failure loaded again and returned the value",
+        f"the next call after the failure made {loaded} queries and returned {value!r}, expected 1 new load",
+    )
+
+    # 5. different keys in parallel ------------------------------------------------------------
+    keys = [f"{prefix}:k{i}" for i in range(10)]
+    src.max_running = 0
+    t0 = time.perf_counter()
+    got = await asyncio.gather(
+        *(get_cached(redis, k, TTL, src.loader(k)) for k in keys for _ in range(5)), return_exceptions=True
+    )
+    seconds = time.perf_counter() - t0
+    per_key = [await src.queries(k) for k in keys]
+    _check(
+        r,
+        per_key == [1] * 10,
+        "10 keys x 5 concurrent callers: one query per key",
+        f"10 keys x 5 concurrent callers: queries per key {per_key}, expected 1 each",
+    )
+    _check(
+        r,
+        src.max_running == 10,
+        f"the 10 loads ran at the same time (10 in flight at once, {seconds * 1000:.0f} ms in all)",
+        f"at most {src.max_running} of the 10 loads were in flight at once: different keys waited on each other "
+        "(one lock for all keys?); keys must not block each other",
+    )
+    expected = [{"key": k, "load": 1} for k in keys for _ in range(5)]
+    _check(
+        r,
+        got == expected,
+        "each caller got its own key's value",
+        f"callers got {_describe(got)}; expected each key's own value",
+    )
+
+    # 6. jittered TTLs ----------------------------------------------------------------------------
+    more = [f"{prefix}:j{i}" for i in range(30)]
+    await asyncio.gather(*(get_cached(redis, k, TTL, src.loader(k)) for k in more))
+    ttls = [await redis.pttl(k) for k in keys + more]
+    _check(
+        r,
+        min(ttls) > 0,
+        "all 40 keys written have a TTL",
+        f"{sum(t < 0 for t in ttls)} of 40 keys have no TTL (PTTL {min(ttls)})",
+    )
+    low, high = min(ttls) / 1000, max(ttls) / 1000
+    _check(
+        r,
+        low >= TTL - 2 and high <= 1.2 * TTL + 1,
+        f"TTLs lie within [{TTL:g}, {1.2 * TTL:g}] s",
+        f"TTLs range from {low:.1f} s to {high:.1f} s with ttl={TTL:g}; expected between ttl and 1.2 x ttl",
+    )
+    _check(
+        r,
+        high - low >= 0.05 * TTL,
+        f"40 keys written together spread their TTLs over {high - low:.1f} s (jittered)",
+        f"40 keys written together expire within {high - low:.2f} s of each other (TTL {low:.1f}-{high:.1f} s): "
+        f"add jitter up to 20% of ttl ({0.2 * TTL:g} s) so keys written together do not expire together",
+    )
+
+
+# ----------------------------------------------------------------------------- get_user_cached
+
+MISS_TTL_LIMIT = 60.0
+
+
+@task(
+    "get_user_cached",
+    chapter="04",
+    points=4,
+    title="users through the cache, with negative caching",
+    timeout=60,
+    seed=4041,
+)
+async def check_get_user_cached(r: Report, get_user_cached) -> None:
+    async with lab.scratch("ch04") as ns:
+        pool = await ns.pool(max_size=10)
+        redis = ns.redis()
+        await setup_users(pool, n=50)
+        with _seeded(r):
+            await _check_get_user_cached(r, get_user_cached, pool, redis)
+
+
+def _user(i: int) -> dict:
+    return {"id": i, "name": f"user {i}", "email": f"user{i}@example.com"}
+
+
+async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> None:
+    r.note("users 1..50 exist; PostgreSQL counts every query on the users view")
+    before = set(await redis.keys("*"))
+    user = await get_user_cached(redis, pool, 7)
+    _check(
+        r,
+        user == _user(7),
+        f"get_user_cached(7) returned {user!r}",
+        f"get_user_cached(7) returned {user!r}, expected {_user(7)}",
+    )
+    user_keys = set(await redis.keys("*")) - before
+    missing = await get_user_cached(redis, pool, 4242)
+    _check(
+        r,
+        missing is None,
+        "get_user_cached(4242), a missing id, returned None",
+        f"get_user_cached(4242), a missing id, returned {missing!r}, expected None",
+    )
+    if r.public:
+        return
+
+    q1 = await user_queries(pool)
+    got = [await get_user_cached(redis, pool, 7) for _ in range(20)]
+    q2 = await user_queries(pool)
+    _check(
+        r,
+        q2 == q1 and all(g == _user(7) for g in got),
+        "20 more lookups of user 7: no query, the cached user",
+        f"20 more lookups of user 7 made {q2 - q1} queries and returned {_describe(got)}, expected no query "
+        "(cache existing users)",
+    )
+    _check(r, bool(user_keys), "looking up user 7 wrote a key to Redis", "looking up user 7 wrote nothing to Redis")
+    user_ttls = [await redis.pttl(k) for k in user_keys]
+    _check(
+        r,
+        min(user_ttls) > 0,
+        f"the user's key has a TTL ({min(user_ttls) / 1000:.0f} s)",
+        "the user's key has no TTL (PTTL -1): every key needs one",
+    )
+
+    # a missing id, looked up 100 times ----------------------------------------------------
+    absent = 4343
+    before = set(await redis.keys("*"))
+    q_start = await user_queries(pool)
+    first = await get_user_cached(redis, pool, absent)
+    q_first = await user_queries(pool) - q_start
+    miss_keys = set(await redis.keys("*")) - before
+    rest = [await get_user_cached(redis, pool, absent) for _ in range(99)]
+    total = await user_queries(pool) - q_start
+    answers = [first, *rest]
+    _check(
+        r,
+        all(x is None for x in answers),
+        "100 lookups of missing id 4343 all returned None",
+        f"100 lookups of missing id 4343 returned {_describe(answers)}, expected None",
+    )
+    truthiness = " - an empty string or 'null' read back from Redis is a hit: test `is None`, not truthiness"
+    _check(
+        r,
+        total == q_first,
+        f"100 lookups of a missing id made {total} database quer{'y' if total == 1 else 'ies'} (the first lookup only)",
+        f"100 lookups of a missing id made {total} database queries, expected {q_first} (the first lookup only): "
+        f"cache the miss too (negative caching){truthiness if miss_keys else ''}",
+    )
+    _check(
+        r,
+        bool(miss_keys),
+        "the miss was cached in Redis",
+        "the miss was not cached in Redis (a cache in process memory is not shared and never invalidated)",
+    )
+    miss_ttls = [await redis.pttl(k) for k in miss_keys]
+    worst = max(miss_ttls)
+    _check(
+        r,
+        min(miss_ttls) > 0,
+        f"the cached miss expires ({worst / 1000:.0f} s)",
+        "the cached miss has no TTL (PTTL -1): a user created later would stay 'missing' forever",
+    )
+    _check(
+        r,
+        worst <= MISS_TTL_LIMIT * 1000,
+        f"the miss's TTL is short ({worst / 1000:.0f} s <= {MISS_TTL_LIMIT:g} s)",
+        f"the miss is cached for {worst / 1000:.0f} s; keep misses short (at most {MISS_TTL_LIMIT:g} s)",
+    )
+    _check(
+        r,
+        worst < min(user_ttls),
+        "a miss is kept for less time than a user",
+        f"a miss is kept {worst / 1000:.0f} s, a user {min(user_ttls) / 1000:.0f} s: misses should expire sooner",
+    )
+
+    q_before = await user_queries(pool)
+    got = await asyncio.gather(*(get_user_cached(redis, pool, absent) for _ in range(20)), return_exceptions=True)
+    extra = await user_queries(pool) - q_before
+    _check(
+        r,
+        extra == 0 and all(x is None for x in got),
+        "20 concurrent lookups of the cached miss: no query, all None",
+        f"20 concurrent lookups of the cached miss made {extra} queries and returned {_describe(got)}",
+    )
+
+    # the miss expires and the user now exists -----------------------------------------------
+    await add_user(pool, absent, "late user", "late@example.com")
+    await redis.delete(*miss_keys)
+    r.note("user 4343 is created and the cached miss expires (deleted)")
+    late = await get_user_cached(redis, pool, absent)
+    expected = {"id": absent, "name": "late user", "email": "late@example.com"}
+    _check(
+        r,
+        late == expected,
+        "the next lookup finds the new user",
+        f"after the cached miss expired the lookup returned {late!r}, expected {expected} "
+        "(is a miss remembered outside Redis?)",
+    )
