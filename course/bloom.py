@@ -53,46 +53,42 @@ class BloomFilter:
         h2 = int.from_bytes(digest[8:], "little") | 1  # odd, so the k positions differ
         return [(h1 + i * h2) % self.m for i in range(self.k)]
 
-    def _bitfield(self, op: str, item: object) -> list:
+    def _bitfield(self, op: str, items: list) -> list:
+        """One BITFIELD (SET) or BITFIELD_RO (GET) command covering every bit of ``items``."""
         args: list = ["BITFIELD" if op == "SET" else "BITFIELD_RO", self.key]
-        for pos in self.positions(item):
-            args += [op, "u1", pos] + ([1] if op == "SET" else [])
+        for item in items:
+            for pos in self.positions(item):
+                args += [op, "u1", pos] + ([1] if op == "SET" else [])
         return args
 
     async def add(self, item: object) -> None:
-        await self.redis.execute_command(*self._bitfield("SET", item))
+        await self.redis.execute_command(*self._bitfield("SET", [item]))
 
-    async def add_many(self, items: Iterable[object], chunk: int = 2000) -> int:
-        count = 0
+    async def add_many(self, items: Iterable[object], chunk: int = 500) -> int:
+        """Add many items, ``chunk`` items (``chunk * k`` bits) per command."""
         batch: list = []
+        count = 0
         for item in items:
             batch.append(item)
             if len(batch) >= chunk:
-                count += await self._add_batch(batch)
+                await self.redis.execute_command(*self._bitfield("SET", batch))
+                count += len(batch)
                 batch = []
         if batch:
-            count += await self._add_batch(batch)
+            await self.redis.execute_command(*self._bitfield("SET", batch))
+            count += len(batch)
         return count
-
-    async def _add_batch(self, items: list) -> int:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for item in items:
-                pipe.execute_command(*self._bitfield("SET", item))
-            await pipe.execute()
-        return len(items)
 
     async def might_contain(self, item: object) -> bool:
         """False means "never added"; True means "maybe" (check the cache and the database)."""
-        bits = await self.redis.execute_command(*self._bitfield("GET", item))
+        bits = await self.redis.execute_command(*self._bitfield("GET", [item]))
         return all(bits)
 
-    async def might_contain_many(self, items: list, chunk: int = 2000) -> list[bool]:
+    async def might_contain_many(self, items: list, chunk: int = 500) -> list[bool]:
         out: list[bool] = []
         for start in range(0, len(items), chunk):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for item in items[start : start + chunk]:
-                    pipe.execute_command(*self._bitfield("GET", item))
-                out += [all(bits) for bits in await pipe.execute()]
+            bits = await self.redis.execute_command(*self._bitfield("GET", items[start : start + chunk]))
+            out += [all(bits[i : i + self.k]) for i in range(0, len(bits), self.k)]
         return out
 
     async def bits_set(self) -> int:
