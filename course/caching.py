@@ -235,6 +235,9 @@ class SingleFlight:
     def in_flight(self) -> int:
         return len(self._calls)
 
+    def running(self, key: str) -> bool:
+        return key in self._calls
+
     async def do(self, key: str, fn: Loader) -> Any:
         call = self._calls.get(key)
         if call is None:
@@ -564,6 +567,7 @@ class EarlyExpiry:
     Redis holds ``{"v": value, "delta": seconds the last load took, "expiry": t}``. Each read
     may decide to recompute before the expiry, more likely the closer the expiry and the
     slower the load, so one reader refreshes a hot key ahead of time and nobody meets a miss.
+    While that refresh runs, other readers of the process keep getting the cached value.
     """
 
     def __init__(
@@ -588,8 +592,8 @@ class EarlyExpiry:
         if raw is not None:
             entry = json.loads(raw)
             gap = -entry["delta"] * self.beta * math.log(max(self.rand(), 1e-12))
-            if self.clock() + gap < entry["expiry"]:
-                return entry["v"]
+            if self.clock() + gap < entry["expiry"] or self.flight.running(key):
+                return entry["v"]  # not yet, or another reader of this process is already refreshing it
             self.early += 1
         return await self.flight.do(key, lambda: self._recompute(key, loader))
 

@@ -184,6 +184,30 @@ async def test_early_expiration_recomputes_before_the_key_expires(ans):
     assert cache.early == 1
 
 
+async def test_readers_that_draw_an_early_refresh_while_one_runs_get_the_cached_value(ans):
+    redis = ans.redis()
+    clock = VirtualClock(1000)
+    cache = caching.EarlyExpiry(redis, ttl=60, clock=clock, rand=lambda: 1e-12)
+    gate = asyncio.Event()
+    loads = 0
+
+    async def load():
+        nonlocal loads
+        loads += 1
+        if loads > 1:
+            await gate.wait()
+        return loads
+
+    assert await cache.get("k", load) == 1
+    clock.advance(59.99)
+    refresher = asyncio.ensure_future(cache.get("k", load))
+    while loads < 2:  # until the refresher is inside its load (a Redis GET away)
+        await asyncio.sleep(0.001)
+    assert await asyncio.gather(*(cache.get("k", load) for _ in range(10))) == [1] * 10
+    gate.set()
+    assert await refresher == 2 and loads == 2
+
+
 # ---------------------------------------------------------------------------- locks
 
 
