@@ -585,7 +585,8 @@ class EarlyExpiry:
         self.clock = clock
         self.rand = rand
         self.flight = SingleFlight()
-        self.early = 0
+        self.early = 0  # reads that refreshed before the expiry
+        self.waited = 0  # reads that waited for a load
 
     async def get(self, key: str, loader: Loader) -> Any:
         raw = await self.redis.get(key)
@@ -595,6 +596,7 @@ class EarlyExpiry:
             if self.clock() + gap < entry["expiry"] or self.flight.running(key):
                 return entry["v"]  # not yet, or another reader of this process is already refreshing it
             self.early += 1
+        self.waited += 1
         return await self.flight.do(key, lambda: self._recompute(key, loader))
 
     async def _recompute(self, key: str, loader: Loader) -> Any:
@@ -620,6 +622,7 @@ class Run:
     note: str = ""
     expiries: float = 1.0  # how many times the value expired (or TTL periods passed) during the run
     load_ms: float = 0.0  # how long one load takes: a request slower than half of it waited for the database
+    blocked: int | None = None  # requests the cache itself saw wait for a load (overrides the latency estimate)
 
     @property
     def per_expiry(self) -> float:
@@ -627,7 +630,9 @@ class Run:
 
     @property
     def waited(self) -> int:
-        """Requests that waited for the database (slower than half a load)."""
+        """Requests that waited for the database (as counted by the cache, else: slower than half a load)."""
+        if self.blocked is not None:
+            return self.blocked
         return sum(ms > self.load_ms / 2 for ms in self.latencies_ms)
 
     @property
@@ -709,6 +714,7 @@ async def steady_traffic(
     else:
         cache = CacheAside(redis, ttl=ttl, jitter=0.0)
     await cache.get(key, loader)  # warm
+    warm_waits = cache.waited if early else cache.misses
     before = await db_queries(pool)
     start = time.perf_counter()
     points: list[tuple[float, float]] = []
@@ -731,6 +737,7 @@ async def steady_traffic(
     elapsed = time.perf_counter() - start
     run = Run(name, await db_queries(pool) - before, [ms for _, ms in points], elapsed, note="steady traffic")
     run.expiries, run.load_ms = elapsed / ttl, load_seconds * 1000
+    run.blocked = (cache.waited if early else cache.misses) - warm_waits
     return run, sorted(points)
 
 
