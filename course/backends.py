@@ -271,41 +271,31 @@ def stop_embedded(run: Path, *, redis_proc=None, pg=None) -> None:
         except subprocess.TimeoutExpired:
             redis_proc.kill()
     elif redis_proc is None:
-        _kill_from_pidfile(run / "redis" / "redis.pid")
+        _stop_from_pidfile(run / "redis" / "redis.pid")
     if pg is not None:
         try:
             pg.cleanup()
         except Exception:  # noqa: BLE001 - fall back to pg_ctl below
             pass
-    _pg_ctl_stop(run / "pg")
+    _stop_from_pidfile(run / "pg" / "postmaster.pid", signal.SIGINT)
     short = run / "redis" / "socket-dir"
     if short.exists():
         shutil.rmtree(short.read_text().strip(), ignore_errors=True)
     shutil.rmtree(run, ignore_errors=True)
 
 
-def _pg_ctl_stop(pgdata: Path) -> None:
-    pidfile = pgdata / "postmaster.pid"
-    if not pidfile.exists():
-        return
+def _stop_from_pidfile(pidfile: Path, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
+    """Signal the process whose pid heads ``pidfile``; SIGKILL it if still there after ``grace``.
+
+    Used where no handle is left (the watchdog, the reaper): postgres takes SIGINT as its
+    "fast" shutdown, redis-server SIGTERM.
+    """
     try:
         pid = int(pidfile.read_text().split()[0])
-        os.kill(pid, signal.SIGINT)  # "fast" shutdown
-        for _ in range(100):
-            os.kill(pid, 0)
-            time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
-    except (OSError, ValueError, IndexError):
-        pass
-
-
-def _kill_from_pidfile(pidfile: Path) -> None:
-    """Stop the redis-server whose pid is in ``pidfile`` (used by the watchdog and the reaper)."""
-    try:
-        pid = int(pidfile.read_text().split()[0])
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            os.kill(pid, 0)
+        os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)  # raises once it is gone
             time.sleep(0.05)
         os.kill(pid, signal.SIGKILL)
     except (OSError, ValueError, IndexError):
