@@ -1,0 +1,177 @@
+"""Backoff strategies: how long to wait before retry number k (chapter 01).
+
+Every strategy answers one question, ``delay(attempt, previous, rand)``: the wait before the
+next try, given how many tries have failed (``attempt``, counted from 0 for the wait after
+the first failure), the previous wait (only decorrelated jitter uses it) and a source of
+uniform random numbers in [0, 1) (injected, so tests and plots are repeatable).
+
+=============  ==============================================  =========================
+strategy       wait after failure k                            used by
+=============  ==============================================  =========================
+none           0                                               naive "retry 3 times"
+fixed          base                                            cron-style polling
+linear         base * (k + 1)                                  some queue consumers
+exponential    min(cap, base * 2**k)                           "capped exponential"
+full jitter    uniform(0, min(cap, base * 2**k))               AWS SDKs, tenacity, ch01
+equal jitter   e/2 + uniform(0, e/2), e = min(cap, base*2**k)  the 2015 blog's middle way
+decorrelated   min(cap, uniform(base, 3 * previous))           the 2015 blog's alternative
+=============  ==============================================  =========================
+
+The names and formulas follow Marc Brooker, "Exponential Backoff And Jitter" (AWS
+Architecture Blog, 2015); :mod:`course.herd` replays that post's simulation with them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Rand = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """A delay strategy with a base delay and a cap (seconds, or any unit you like)."""
+
+    base: float = 0.1
+    cap: float = 2.0
+    name = "backoff"
+    jittered = False
+
+    def exponential(self, attempt: int) -> float:
+        """``min(cap, base * 2**attempt)``, safe for huge attempts."""
+        if attempt >= 64:  # 2**64 * base overflows nothing, but is past any cap
+            return self.cap
+        return min(self.cap, self.base * 2**attempt)
+
+    def delay(self, attempt: int, previous: float | None = None, rand: Rand = random.random) -> float:
+        raise NotImplementedError
+
+    def delays(self, n: int, rand: Rand = random.random) -> list[float]:
+        """The first ``n`` waits of one client, threading ``previous`` through."""
+        out: list[float] = []
+        previous: float | None = None
+        for attempt in range(n):
+            previous = self.delay(attempt, previous, rand)
+            out.append(previous)
+        return out
+
+
+@dataclass(frozen=True)
+class NoBackoff(Backoff):
+    name = "none"
+
+    def delay(self, attempt: int, previous: float | None = None, rand: Rand = random.random) -> float:
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Fixed(Backoff):
+    name = "fixed"
+
+    def delay(self, attempt: int, previous: float | None = None, rand: Rand = random.random) -> float:
+        return min(self.cap, self.base)
+
+
+@dataclass(frozen=True)
+class Linear(Backoff):
+    name = "linear"
+
+    def delay(self, attempt: int, previous: float | None = None, rand: Rand = random.random) -> float:
+        return min(self.cap, self.base * (attempt + 1))
+
+
+@dataclass(frozen=True)
+class Exponential(Backoff):
+    name = "exponential"
+
+    def delay(self, attempt: int, previous: float | None = None, rand: Rand = random.random) -> float:
+        return self.exponential(attempt)
+
+
+@dataclass(frozen=True)
+class FullJitter(Backoff):
+    name = "full jitter"
+    jittered = True
+
+    def delay(self, attempt: int, previous: float | None = None, rand: Rand = random.random) -> float:
+        return rand() * self.exponential(attempt)
+
+
+@dataclass(frozen=True)
+class EqualJitter(Backoff):
+    name = "equal jitter"
+    jittered = True
+
+    def delay(self, attempt: int, previous: float | None = None, rand: Rand = random.random) -> float:
+        half = self.exponential(attempt) / 2
+        return half + rand() * half
+
+
+@dataclass(frozen=True)
+class DecorrelatedJitter(Backoff):
+    name = "decorrelated jitter"
+    jittered = True
+
+    def delay(self, attempt: int, previous: float | None = None, rand: Rand = random.random) -> float:
+        prev = self.base if previous is None else previous
+        low, high = self.base, max(self.base, prev * 3)
+        return min(self.cap, low + rand() * (high - low))
+
+
+STRATEGIES: dict[str, type[Backoff]] = {
+    cls.name: cls for cls in (NoBackoff, Fixed, Linear, Exponential, FullJitter, EqualJitter, DecorrelatedJitter)
+}
+
+
+def make(name: str, base: float = 0.1, cap: float = 2.0) -> Backoff:
+    """``make("full jitter", base=0.1, cap=2.0)``."""
+    try:
+        return STRATEGIES[name](base, cap)
+    except KeyError:
+        raise KeyError(f"no strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
+
+
+def sample(strategy: Backoff, attempts: int, clients: int, *, seed: int = 0) -> list[list[float]]:
+    """``clients`` independent delay sequences of ``attempts`` waits each (seeded)."""
+    rng = random.Random(seed)
+    return [strategy.delays(attempts, rng.random) for _ in range(clients)]
+
+
+def plot_strategies(base: float = 0.1, cap: float = 2.0, *, attempts: int = 10, clients: int = 200, ax=None):
+    """Delay against attempt for every strategy: a line for the deterministic ones, a cloud
+    of ``clients`` sampled clients plus their mean for the jittered ones."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4.2))
+    xs = list(range(1, attempts + 1))
+    colors = {
+        "fixed": "#7f8c8d",
+        "linear": "#16a085",
+        "exponential": "#c0392b",
+        "full jitter": "#2e86c1",
+        "equal jitter": "#8e44ad",
+        "decorrelated jitter": "#d68910",
+    }
+    offsets = {"full jitter": -0.2, "equal jitter": 0.0, "decorrelated jitter": 0.2}
+    for name, color in colors.items():
+        strategy = make(name, base, cap)
+        if not strategy.jittered:
+            ax.plot(xs, strategy.delays(attempts), "-o", color=color, label=name, lw=2, ms=4)
+            continue
+        runs = sample(strategy, attempts, clients, seed=1)
+        for k in range(attempts):
+            ys = [run[k] for run in runs]
+            ax.scatter([xs[k] + offsets[name]] * len(ys), ys, s=4, alpha=0.15, color=color)
+        means = [sum(run[k] for run in runs) / len(runs) for k in range(attempts)]
+        ax.plot([x + offsets[name] for x in xs], means, "--", color=color, lw=1.5, label=f"{name} (mean)")
+    ax.axhline(cap, color="grey", lw=0.8, ls=":")
+    ax.text(xs[0], cap, " cap", va="bottom", color="grey")
+    ax.set_xlabel("retry number (wait after failure k = retry k)")
+    ax.set_ylabel("delay (s)")
+    ax.set_title(f"Backoff strategies, base {base:g} s, cap {cap:g} s ({clients} sampled clients per jitter)")
+    ax.set_ylim(0, cap * 1.12)
+    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    return ax
