@@ -1,0 +1,856 @@
+"""Hidden checks of chapter 01 (timeouts, retries, backoff and jitter).
+
+- ``is_retryable``: a table of errors, made by hand and collected live from a flaky HTTP
+  service with httpx.
+- ``with_retry``: exact delays against a recorded, seeded ``rand``; attempts, the final
+  error (the same object, unwrapped), no sleep after the last try, the ``retryable``
+  predicate, 50 concurrent callers on a virtual clock, and cancellation.
+- ``retry_test``: graded by mutation. The learner's test must pass against correct
+  versions of ``with_retry`` and fail against each wrong one in :data:`MUTANTS`; each
+  wrong one caught earns its share of the points.
+
+Every ``with_retry`` call runs on injected time; a call that does not come back within
+:data:`REAL_LIMIT` seconds of real time has slept for real or hung, and fails the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import math
+import random
+from collections.abc import Callable
+
+import httpx
+
+from autograder.harness import Report, task
+from course.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
+from course.retry import is_retryable as reference_is_retryable
+from course.retry import live_errors
+from course.retry import with_retry as reference_with_retry
+
+#: real seconds one call under test may take; with injected time, correct code needs milliseconds
+REAL_LIMIT = 3.0
+
+
+class Cut(Exception):
+    """A call under test outlived REAL_LIMIT."""
+
+
+async def bounded(awaitable, limit: float = REAL_LIMIT):
+    """Await ``awaitable`` for at most ``limit`` real seconds; raise :class:`Cut` past that.
+
+    Unlike ``asyncio.wait_for``, a ``TimeoutError`` raised by the code under test comes
+    through as itself, not as a cut."""
+    job = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({job}, timeout=limit)
+    if job not in done:
+        job.cancel()
+        await asyncio.wait({job}, timeout=1.0)
+        raise Cut(f"no answer after {limit:g} s of real time")
+    return job.result()
+
+
+def cut_message(what: str) -> str:
+    return (
+        f"{what}: no answer after {REAL_LIMIT:g} s of real time, though every sleep is injected and virtual. "
+        "Does with_retry sleep for real (time.sleep or asyncio.sleep instead of the sleep argument) or never return?"
+    )
+
+
+# ----------------------------------------------------------------------------- recorders
+
+
+class Draws:
+    """An injected ``rand``: seeded uniform numbers, each one remembered."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self.values: list[float] = []
+
+    def __call__(self) -> float:
+        value = self._rng.random()
+        self.values.append(value)
+        return value
+
+
+class Sleeps:
+    """An injected ``sleep`` that records each delay (and passes it to a virtual clock)."""
+
+    def __init__(self, clock: VirtualClock | None = None) -> None:
+        self.clock = clock
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        if self.clock is not None:
+            await self.clock.sleep(seconds)
+        else:
+            await asyncio.sleep(0)
+
+
+class Raiser:
+    """``fn`` for with_retry: raises the listed errors in turn (new objects each time), then
+    returns ``value``; or, with ``forever``, raises a new one from that factory on every call."""
+
+    def __init__(self, *errors, value: object = "ok", forever: Callable[[], BaseException] | None = None) -> None:
+        self.errors = list(errors)
+        self.value = value
+        self.forever = forever
+        self.raised: list[BaseException] = []
+        self.calls = 0
+
+    async def __call__(self):
+        self.calls += 1
+        if self.errors or self.forever:
+            make = self.errors.pop(0) if self.errors else self.forever
+            err = make() if callable(make) and not isinstance(make, BaseException) else make
+            self.raised.append(err)
+            raise err
+        return self.value
+
+
+def always(make: Callable[[], BaseException]) -> Raiser:
+    return Raiser(forever=make)
+
+
+def http_status_error(status: int) -> httpx.HTTPStatusError:
+    request = httpx.Request("GET", "http://127.0.0.1/item")
+    response = httpx.Response(status, request=request)
+    return httpx.HTTPStatusError(f"{status} from the server", request=request, response=response)
+
+
+class StatusError(Exception):
+    """Any error that carries an HTTP status as an integer ``status`` attribute."""
+
+    def __init__(self, status, message: str = "") -> None:
+        super().__init__(message or f"answered {status}")
+        self.status = status
+
+
+def fmt(values) -> str:
+    return "[" + ", ".join(f"{v:.4g}" if isinstance(v, (int, float)) else repr(v) for v in values) + "]"
+
+
+def window(k: int, base: float, cap: float) -> float:
+    return min(cap, base * 2**k)
+
+
+def close(a, b) -> bool:
+    return len(a) == len(b) and all(
+        isinstance(x, (int, float)) and math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
+        for x, y in zip(a, b, strict=False)
+    )
+
+
+def diagnose_delays(got: list, draws: list[float], base: float, cap: float) -> str:
+    """Name the usual mistake behind delays that do not follow rand() * min(cap, base * 2**k)."""
+    n = len(got)
+    windows = [window(k, base, cap) for k in range(n)]
+    if close(got, windows):
+        return "no jitter: each delay is the whole window min(max_delay, base_delay * 2**k); multiply it by rand()"
+    u = draws[:n]
+    if len(u) < n:
+        return (
+            f"it slept {n} times but drew rand() only {len(draws)} times: the delays must be "
+            f"rand() * {fmt(windows)}, with the injected rand()"
+        )
+    guesses = {
+        "constant delay: rand() * base_delay every time; the window must double after each failure": [
+            u[k] * base for k in range(n)
+        ],
+        "no cap: rand() * base_delay * 2**k grows past max_delay; cap the window with min(max_delay, ...)": [
+            u[k] * base * 2**k for k in range(n)
+        ],
+        "off by one: the wait after the first failure (k = 0) uses base_delay * 2**0 = base_delay": [
+            u[k] * window(k + 1, base, cap) for k in range(n)
+        ],
+        "jitter before the cap: min(max_delay, rand() * ...) piles delays up at the cap; cap the window first": [
+            min(cap, u[k] * base * 2**k) for k in range(n)
+        ],
+        "linear growth: the window must double (base_delay * 2**k), not grow by base_delay": [
+            u[k] * min(cap, base * (k + 1)) for k in range(n)
+        ],
+    }
+    for text, guess in guesses.items():
+        if close(got, guess):
+            return text
+    return "the delays do not follow rand() * min(max_delay, base_delay * 2**k); did it use the injected rand()?"
+
+
+def expect_jittered(r: Report, what: str, got: list, draws: Draws, base: float, cap: float, n: int) -> None:
+    """``got`` must be ``n`` sleeps of rand() * min(cap, base * 2**k), rand() being ``draws``."""
+    windows = [window(k, base, cap) for k in range(n)]
+    if len(draws.values) >= n:
+        expected = [draws.values[k] * windows[k] for k in range(n)]
+        shown = fmt(expected)
+    else:
+        expected, shown = None, f"rand() * {fmt(windows)}"
+    if expected is not None and close(got, expected):
+        r.ok(f"{what}: slept {fmt(got)}")
+        return
+    if len(got) != n:
+        r.fail(f"{what}: slept {len(got)} times {fmt(got)}, expected {n} sleeps ({shown})")
+    r.fail(f"{what}: slept {fmt(got)}, expected {shown}: " + diagnose_delays(got, draws.values, base, cap))
+
+
+# ----------------------------------------------------------------------------- is_retryable
+
+
+def _retryable_cases() -> list[tuple[str, BaseException, bool]]:
+    cases: list[tuple[str, BaseException, bool]] = [
+        ("TimeoutError()", TimeoutError(), True),
+        ("asyncio.TimeoutError()", asyncio.TimeoutError(), True),
+        ("httpx.ConnectTimeout", httpx.ConnectTimeout("connect timed out"), True),
+        ("httpx.ReadTimeout", httpx.ReadTimeout("read timed out"), True),
+        ("httpx.WriteTimeout", httpx.WriteTimeout("write timed out"), True),
+        ("httpx.PoolTimeout", httpx.PoolTimeout("no free connection"), True),
+        ("httpx.ConnectError", httpx.ConnectError("connection refused"), True),
+        ("httpx.ReadError", httpx.ReadError("connection reset"), True),
+        ("httpx.RemoteProtocolError", httpx.RemoteProtocolError("server disconnected"), True),
+        ("ConnectionResetError()", ConnectionResetError(), True),
+        ("ConnectionRefusedError()", ConnectionRefusedError(), True),
+        ("BrokenPipeError()", BrokenPipeError(), True),
+        ("ValueError('bad input')", ValueError("bad input"), False),
+        ("KeyError('id')", KeyError("id"), False),
+        ("RuntimeError('timeout while parsing')", RuntimeError("timeout while parsing"), False),
+        ("Exception('503')", Exception("503"), False),
+        ("an error with status=None", StatusError(None), False),
+        ("an error with status='503' (a string)", StatusError("503"), False),
+    ]
+    for status in (408, 429, 500, 502, 503, 504):
+        cases.append((f"httpx.HTTPStatusError {status}", http_status_error(status), True))
+    for status in (400, 401, 403, 404, 409, 422):
+        cases.append((f"httpx.HTTPStatusError {status}", http_status_error(status), False))
+    for status in (408, 429, 500, 503, 599):
+        cases.append((f"an error with status={status}", StatusError(status), True))
+    for status in (400, 404, 409, 418, 451):
+        cases.append((f"an error with status={status}", StatusError(status), False))
+    cases.append(("course.faults.DependencyError(503)", DependencyError(503), True))
+    cases.append(("course.faults.DependencyError(404)", DependencyError(404), False))
+    return cases
+
+
+def _judge(r: Report, is_retryable, cases) -> None:
+    wrong = []
+    for label, err, expected in cases:
+        try:
+            got = is_retryable(err)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - learner code
+            r.fail(
+                f"is_retryable({label}) raised {type(exc).__name__}: {exc}; it must answer True or False for any error"
+            )
+        if not isinstance(got, bool):
+            r.fail(f"is_retryable({label}) returned {got!r}, not a bool; return True or False explicitly")
+        if got != expected:
+            wrong.append(f"{label} -> {got} (expected {expected})")
+    r.expect(not wrong, f"{len(cases)} errors classified" + (": wrong for " + "; ".join(wrong) if wrong else ""))
+
+
+@task("is_retryable", chapter="01", points=2, title="classify errors worth another try", timeout=30)
+async def check_is_retryable(r: Report, is_retryable) -> None:
+    r.note("public: a timeout, a 503, a 404 and a ValueError")
+    _judge(
+        r,
+        is_retryable,
+        [
+            ("TimeoutError()", TimeoutError(), True),
+            ("DependencyError(503)", DependencyError(503), True),
+            ("DependencyError(404)", DependencyError(404), False),
+            ("ValueError('bad input')", ValueError("bad input"), False),
+        ],
+    )
+    if r.public:
+        return
+    r.note("timeouts, connection errors, HTTP statuses (httpx.HTTPStatusError and a `status` attribute), others")
+    _judge(r, is_retryable, _retryable_cases())
+    r.note("real errors: one httpx call per step of a live FlakyService (200, 4xx, 5xx, reset, hang)")
+    collected = await live_errors()
+    live = [
+        (f"the live '{step}' ({type(err).__name__})", err, reference_is_retryable(err))
+        for step, err in collected
+        if err
+    ]
+    _judge(r, is_retryable, live)
+
+
+# ----------------------------------------------------------------------------- with_retry
+
+
+async def _expect_raise(r: Report, call, what: str):
+    """Run ``call``; return (error, value). A cut or a wrong shape is reported by the caller."""
+    try:
+        value = await bounded(call)
+    except Cut:
+        r.fail(cut_message(what))
+    except Exception as err:  # noqa: BLE001 - the error under test
+        return err, None
+    return None, value
+
+
+def _check_final_error(r: Report, what: str, err, value, fn: Raiser) -> None:
+    last = fn.raised[-1] if fn.raised else None
+    if err is None:
+        r.fail(f"{what}: with_retry returned {value!r} instead of raising: it swallowed the final error")
+    if err is last:
+        return
+    if any(err is e for e in fn.raised):
+        r.fail(f"{what}: it raised the error of attempt {fn.raised.index(err) + 1}, not the last one")
+    if type(err).__name__ == "RetryError":
+        r.fail(f"{what}: it raised tenacity's RetryError; re-raise the last error itself (tenacity: pass reraise=True)")
+    cause = err.__cause__ or err.__context__
+    wrapped = " wrapping it" if cause is last else ""
+    r.fail(
+        f"{what}: it raised {type(err).__name__}({err}){wrapped} instead of the last error itself "
+        f"({type(last).__name__}({last})); re-raise it unchanged (a bare `raise`)"
+    )
+
+
+@task(
+    "with_retry",
+    chapter="01",
+    points=4,
+    title="retry with capped exponential backoff and full jitter",
+    timeout=30,
+    seed=101,
+)
+async def check_with_retry(r: Report, with_retry) -> None:
+    rs = reference_is_retryable
+    # --- public: two failures, then success
+    fn, draws, sleeps = FlakyDependency(Schedule("fail fail ok")), Draws(r.random.randrange(10**6)), Sleeps()
+    what = "dependency fails twice, then answers (retries=4, base_delay=0.1, max_delay=2.0)"
+    try:
+        value = await bounded(
+            with_retry(fn, retries=4, base_delay=0.1, max_delay=2.0, retryable=rs, sleep=sleeps, rand=draws)
+        )
+    except Cut:
+        r.fail(cut_message(what))
+    r.expect(value == "ok", f"{what}: returned {value!r}" + ("" if value == "ok" else ", expected 'ok'"))
+    r.expect(fn.count == 3, f"{what}: {fn.count} calls" + ("" if fn.count == 3 else ", expected 3"))
+    if not sleeps.delays:
+        r.fail(
+            f"{what}: the injected sleep was never awaited (did it call time.sleep / asyncio.sleep, "
+            "or call sleep(...) without await?)"
+        )
+    expect_jittered(r, what, sleeps.delays, draws, 0.1, 2.0, 2)
+    if r.public:
+        return
+
+    # --- defaults: retries=4, base_delay=0.1, max_delay=2.0
+    params = inspect.signature(with_retry).parameters
+    defaults = {name: params[name].default for name in ("retries", "base_delay", "max_delay") if name in params}
+    r.expect(
+        defaults == {"retries": 4, "base_delay": 0.1, "max_delay": 2.0},
+        f"defaults {defaults}"
+        + (
+            ""
+            if defaults == {"retries": 4, "base_delay": 0.1, "max_delay": 2.0}
+            else ", expected retries=4, base_delay=0.1, max_delay=2.0"
+        ),
+    )
+    fn, draws, sleeps = always(lambda: DependencyError(503)), Draws(r.random.randrange(10**6)), Sleeps()
+    what = "always 503, default retries/base_delay/max_delay"
+    err, value = await _expect_raise(r, with_retry(fn, retryable=rs, sleep=sleeps, rand=draws), what)
+    _check_final_error(r, what, err, value, fn)
+    r.expect(
+        fn.calls == 5,
+        f"{what}: {fn.calls} calls" + ("" if fn.calls == 5 else " (expected 5: the first try and 4 retries)"),
+    )
+    if len(sleeps.delays) == 5:
+        r.fail(f"{what}: slept 5 times {fmt(sleeps.delays)}, expected 4: never sleep after the final attempt")
+    expect_jittered(r, what, sleeps.delays, draws, 0.1, 2.0, 4)
+
+    # --- the cap and the doubling, with rand() = 1
+    fn, sleeps = always(lambda: DependencyError(502)), Sleeps()
+    what = "always 502, retries=7, base_delay=0.1, max_delay=1.0, rand() always 1.0"
+    err, value = await _expect_raise(
+        r, with_retry(fn, retries=7, base_delay=0.1, max_delay=1.0, retryable=rs, sleep=sleeps, rand=lambda: 1.0), what
+    )
+    _check_final_error(r, what, err, value, fn)
+    expected = [window(k, 0.1, 1.0) for k in range(7)]
+    r.expect(
+        close(sleeps.delays, expected),
+        f"{what}: slept {fmt(sleeps.delays)}"
+        + (
+            ""
+            if close(sleeps.delays, expected)
+            else f", expected {fmt(expected)} (the window doubles, then stays at the cap)"
+        ),
+    )
+
+    # --- jitter inside a small cap
+    fn, draws, sleeps = always(lambda: DependencyError(503)), Draws(r.random.randrange(10**6)), Sleeps()
+    what = "always 503, retries=6, base_delay=0.05, max_delay=0.3"
+    err, value = await _expect_raise(
+        r, with_retry(fn, retries=6, base_delay=0.05, max_delay=0.3, retryable=rs, sleep=sleeps, rand=draws), what
+    )
+    _check_final_error(r, what, err, value, fn)
+    r.expect(fn.calls == 7, f"{what}: {fn.calls} calls" + ("" if fn.calls == 7 else ", expected 7"))
+    expect_jittered(r, what, sleeps.delays, draws, 0.05, 0.3, 6)
+
+    # --- attempts spent: the last error itself, no sleep after the final attempt
+    for retries in (3, 1, 0):
+        fn, sleeps = always(lambda: DependencyError(503, "payments answered 503")), Sleeps()
+        what = f"always 503, retries={retries}"
+        err, value = await _expect_raise(
+            r, with_retry(fn, retries=retries, retryable=rs, sleep=sleeps, rand=lambda: 0.5), what
+        )
+        _check_final_error(r, what, err, value, fn)
+        r.expect(
+            fn.calls == retries + 1,
+            f"{what}: {fn.calls} calls"
+            + (
+                ""
+                if fn.calls == retries + 1
+                else f", expected {retries + 1} (one attempt {'too few' if fn.calls <= retries else 'too many'})"
+            ),
+        )
+        r.expect(
+            len(sleeps.delays) == retries,
+            f"{what}: {len(sleeps.delays)} sleeps"
+            + ("" if len(sleeps.delays) == retries else f", expected {retries}: never sleep after the final attempt"),
+        )
+
+    # --- errors that must not be retried
+    for label, make in (
+        ("404 (DependencyError)", lambda: DependencyError(404)),
+        ("400 (httpx.HTTPStatusError)", lambda: http_status_error(400)),
+        ("ValueError", lambda: ValueError("bad input")),
+    ):
+        fn, sleeps = Raiser(make, value="ok"), Sleeps()
+        what = f"first call raises {label}, the next would succeed"
+        err, value = await _expect_raise(r, with_retry(fn, retryable=rs, sleep=sleeps, rand=lambda: 0.5), what)
+        if err is None:
+            r.fail(
+                f"{what}: with_retry returned {value!r} after {fn.calls} calls: it retried an error that is not retryable"
+            )
+        _check_final_error(r, what, err, value, fn)
+        r.expect(
+            fn.calls == 1 and not sleeps.delays,
+            f"{what}: {fn.calls} call(s), {len(sleeps.delays)} sleeps"
+            + ("" if fn.calls == 1 and not sleeps.delays else ", expected 1 call and no sleep"),
+        )
+
+    # --- it asks the retryable argument, not a fixed rule
+    fn, sleeps = Raiser(lambda: KeyError("cache"), lambda: KeyError("cache"), value="fresh"), Sleeps()
+    what = "retryable=lambda e: isinstance(e, KeyError); KeyError twice, then a value"
+    try:
+        value = await bounded(
+            with_retry(fn, retryable=lambda e: isinstance(e, KeyError), sleep=sleeps, rand=lambda: 0.5)
+        )
+    except Cut:
+        r.fail(cut_message(what))
+    except Exception as err:  # noqa: BLE001
+        r.fail(f"{what}: raised {type(err).__name__}({err}); it must ask the retryable argument")
+    r.expect(value == "fresh" and fn.calls == 3, f"{what}: returned {value!r} after {fn.calls} calls")
+    fn, sleeps = always(lambda: DependencyError(503)), Sleeps()
+    what = "retryable=lambda e: False; a 503"
+    err, value = await _expect_raise(r, with_retry(fn, retryable=lambda e: False, sleep=sleeps, rand=lambda: 0.5), what)
+    _check_final_error(r, what, err, value, fn)
+    r.expect(fn.calls == 1, f"{what}: {fn.calls} call(s)" + ("" if fn.calls == 1 else ", expected 1"))
+
+    # --- 50 callers at once on a virtual clock, through a 1-second outage
+    clock = VirtualClock()
+    dep = FlakyDependency(Schedule.outage(0.0, 1.0), clock=clock, name="inventory")
+    seeds = [r.random.randrange(10**6) for _ in range(50)]
+    per_caller = [(Draws(seed), Sleeps(clock)) for seed in seeds]
+    counts = [0] * 50
+
+    def counted(i: int):
+        async def call():
+            counts[i] += 1
+            return await dep()
+
+        return call
+
+    what = "50 concurrent callers, a dependency down for its first second (virtual clock, retries=10)"
+    try:
+        results = await bounded(
+            asyncio.gather(
+                *(
+                    with_retry(counted(i), retries=10, base_delay=0.1, max_delay=2.0, retryable=rs, sleep=s, rand=d)
+                    for i, (d, s) in enumerate(per_caller)
+                ),
+                return_exceptions=True,
+            )
+        )
+    except Cut:
+        r.fail(cut_message(what))
+    failed = [x for x in results if x != "ok"]
+    r.expect(
+        not failed,
+        f"{what}: {50 - len(failed)}/50 got 'ok'"
+        + (f"; others got {failed[:2]}: does one call's attempt count leak into another's?" if failed else ""),
+    )
+    bad = [
+        i
+        for i, (d, s) in enumerate(per_caller)
+        if len(s.delays) != counts[i] - 1
+        or not close(s.delays, [d.values[k] * window(k, 0.1, 2.0) for k in range(len(s.delays))])
+    ]
+    r.expect(
+        not bad,
+        f"{what}: every caller's delays follow its own rand() and attempt count"
+        if not bad
+        else f"{what}: caller {bad[0]} made {counts[bad[0]]} calls and slept {fmt(per_caller[bad[0]][1].delays)}; "
+        "state shared between calls (a global attempt counter?) mixes callers up",
+    )
+
+    # --- cancellation stops it
+    clock = VirtualClock()
+    dep = FlakyDependency(Schedule("hang"), clock=clock, name="report")
+    job = asyncio.ensure_future(with_retry(dep, retryable=rs, sleep=Sleeps(clock), rand=lambda: 0.5))
+    for _ in range(200):
+        if dep.running:
+            break
+        await asyncio.sleep(0)
+    job.cancel()
+    done, _ = await asyncio.wait({job}, timeout=REAL_LIMIT)
+    what = "the caller cancels while an attempt hangs"
+    r.expect(
+        job in done and job.cancelled() and dep.count == 1,
+        f"{what}: cancelled cleanly after {dep.count} call(s)"
+        if job in done and job.cancelled() and dep.count == 1
+        else f"{what}: {'still running' if job not in done else 'finished without CancelledError'} after {dep.count} "
+        "call(s); do not catch CancelledError (catch Exception, not BaseException or a bare except)",
+    )
+
+
+# ----------------------------------------------------------------------------- retry_test: mutants
+
+
+async def _correct_recursive(
+    fn,
+    *,
+    retries=4,
+    base_delay=0.1,
+    max_delay=2.0,
+    retryable=reference_is_retryable,
+    sleep=asyncio.sleep,
+    rand=random.random,
+    _k=0,
+):
+    try:
+        return await fn()
+    except Exception as err:
+        if _k >= retries or not retryable(err):
+            raise
+        await sleep(rand() * min(max_delay, base_delay * 2**_k))
+    return await _correct_recursive(
+        fn,
+        retries=retries,
+        base_delay=base_delay,
+        max_delay=max_delay,
+        retryable=retryable,
+        sleep=sleep,
+        rand=rand,
+        _k=_k + 1,
+    )
+
+
+async def _correct_while(
+    fn,
+    *,
+    retries=4,
+    base_delay=0.1,
+    max_delay=2.0,
+    retryable=reference_is_retryable,
+    sleep=asyncio.sleep,
+    rand=random.random,
+):
+    attempt = 0
+    while True:
+        try:
+            return await fn()
+        except Exception as err:
+            if attempt >= retries or not retryable(err):
+                raise
+            delay = min(max_delay, base_delay * (2**attempt))
+            await sleep(delay * rand())
+            attempt += 1
+
+
+async def _no_jitter(
+    fn,
+    *,
+    retries=4,
+    base_delay=0.1,
+    max_delay=2.0,
+    retryable=reference_is_retryable,
+    sleep=asyncio.sleep,
+    rand=random.random,
+):
+    for attempt in range(retries + 1):
+        try:
+            return await fn()
+        except Exception as err:
+            if attempt == retries or not retryable(err):
+                raise
+            await sleep(min(max_delay, base_delay * 2**attempt))
+
+
+async def _constant_delay(
+    fn,
+    *,
+    retries=4,
+    base_delay=0.1,
+    max_delay=2.0,
+    retryable=reference_is_retryable,
+    sleep=asyncio.sleep,
+    rand=random.random,
+):
+    for attempt in range(retries + 1):
+        try:
+            return await fn()
+        except Exception as err:
+            if attempt == retries or not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay))
+
+
+async def _no_cap(
+    fn,
+    *,
+    retries=4,
+    base_delay=0.1,
+    max_delay=2.0,
+    retryable=reference_is_retryable,
+    sleep=asyncio.sleep,
+    rand=random.random,
+):
+    for attempt in range(retries + 1):
+        try:
+            return await fn()
+        except Exception as err:
+            if attempt == retries or not retryable(err):
+                raise
+            await sleep(rand() * base_delay * 2**attempt)
+
+
+async def _one_attempt_too_few(
+    fn,
+    *,
+    retries=4,
+    base_delay=0.1,
+    max_delay=2.0,
+    retryable=reference_is_retryable,
+    sleep=asyncio.sleep,
+    rand=random.random,
+):
+    if retries <= 0:
+        return await fn()
+    for attempt in range(retries):
+        try:
+            return await fn()
+        except Exception as err:
+            if attempt == retries - 1 or not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2**attempt))
+
+
+async def _retries_everything(
+    fn,
+    *,
+    retries=4,
+    base_delay=0.1,
+    max_delay=2.0,
+    retryable=reference_is_retryable,
+    sleep=asyncio.sleep,
+    rand=random.random,
+):
+    for attempt in range(retries + 1):
+        try:
+            return await fn()
+        except Exception:
+            if attempt == retries:
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2**attempt))
+
+
+async def _sleeps_after_last(
+    fn,
+    *,
+    retries=4,
+    base_delay=0.1,
+    max_delay=2.0,
+    retryable=reference_is_retryable,
+    sleep=asyncio.sleep,
+    rand=random.random,
+):
+    for attempt in range(retries + 1):
+        try:
+            return await fn()
+        except Exception as err:
+            if not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2**attempt))
+            if attempt == retries:
+                raise
+
+
+async def _swallows_final_error(
+    fn,
+    *,
+    retries=4,
+    base_delay=0.1,
+    max_delay=2.0,
+    retryable=reference_is_retryable,
+    sleep=asyncio.sleep,
+    rand=random.random,
+):
+    for attempt in range(retries + 1):
+        try:
+            return await fn()
+        except Exception as err:
+            if not retryable(err):
+                raise
+            if attempt == retries:
+                return None
+            await sleep(rand() * min(max_delay, base_delay * 2**attempt))
+
+
+#: the correct versions a learner's test must pass (the reference and two rewrites of it)
+CORRECT = {
+    "course.retry.with_retry": reference_with_retry,
+    "a recursive version": _correct_recursive,
+    "a while-loop version": _correct_while,
+}
+
+#: the wrong versions a learner's test must fail, with what is wrong in each
+MUTANTS = {
+    "no jitter": (_no_jitter, "sleeps the whole window min(max_delay, base_delay * 2**k), never calls rand()"),
+    "constant delay": (_constant_delay, "sleeps rand() * base_delay every time: the window never grows"),
+    "no cap": (_no_cap, "sleeps rand() * base_delay * 2**k: max_delay is ignored"),
+    "one attempt too few": (_one_attempt_too_few, "makes retries attempts in all instead of retries + 1"),
+    "retries a non-retryable error": (_retries_everything, "ignores retryable: a 404 is retried like a 503"),
+    "sleeps after the last attempt": (_sleeps_after_last, "waits once more before giving up"),
+    "swallows the final error": (_swallows_final_error, "returns None when the attempts are spent instead of raising"),
+}
+
+
+class _Spy:
+    """What a learner's test did with the with_retry it was given."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.without_sleep = 0
+
+
+def _spy_on(impl) -> tuple[Callable, _Spy]:
+    spy = _Spy()
+
+    @functools.wraps(reference_with_retry)
+    async def with_retry(fn, *args, **kwargs):
+        spy.calls += 1
+        if "sleep" not in kwargs:
+            spy.without_sleep += 1
+        return await impl(fn, *args, **kwargs)
+
+    return with_retry, spy
+
+
+async def _run_learner_test(test, impl, limit: float = REAL_LIMIT) -> tuple[BaseException | None, _Spy]:
+    """Run the learner's test with ``impl`` as its with_retry; return what it raised (None: passed)."""
+    wrapped, spy = _spy_on(impl)
+
+    async def run():
+        if inspect.iscoroutinefunction(test):
+            return await test(wrapped)
+        # a plain def may call asyncio.run itself: give it a thread without a running loop
+        result = await asyncio.to_thread(test, wrapped)
+        if inspect.isawaitable(result):
+            await result
+
+    try:
+        await bounded(run(), limit)
+    except Cut:
+        return Cut(f"did not finish within {limit:g} s of real time"), spy
+    except asyncio.CancelledError:
+        return asyncio.CancelledError("the test was cancelled"), spy
+    except BaseException as err:  # noqa: BLE001 - pytest.fail and friends derive from BaseException
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        return err, spy
+    return None, spy
+
+
+FRESH = "Make the dependency, clock and recorders inside the test, so every run starts fresh"
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return f"{type(err).__name__}{': ' + text if text else ''}"
+
+
+@task(
+    "retry_test",
+    chapter="01",
+    points=4,
+    title="a test of with_retry that catches wrong versions",
+    needs=("test_survives_three_of_five_failures",),
+    timeout=60,
+    partial=True,
+)
+async def check_retry_test(r: Report, test) -> None:
+    if not callable(test):
+        r.fail(f"test_survives_three_of_five_failures is a {type(test).__name__}, not a function")
+    try:
+        params = list(inspect.signature(test).parameters)
+    except (TypeError, ValueError):
+        params = ["with_retry"]
+    if len(params) < 1:
+        r.fail("test_survives_three_of_five_failures must take one argument, with_retry (the version under test)")
+
+    err, spy = await _run_learner_test(test, reference_with_retry)
+    if isinstance(err, NotImplementedError):
+        raise err
+    if err is not None:
+        r.fail(f"against a correct with_retry (course.retry.with_retry) your test fails: {_short(err)}")
+    if spy.calls == 0:
+        r.fail("your test never calls the with_retry it is given (its argument), so it cannot tell right from wrong")
+    if spy.without_sleep:
+        r.fail(
+            f"{spy.without_sleep} of its {spy.calls} with_retry calls pass no sleep=: inject a recording sleep "
+            "(for example a VirtualClock's clock.sleep) so the test never waits for real and can see the delays"
+        )
+    r.ok(f"passes against course.retry.with_retry ({spy.calls} with_retry calls, sleep injected)")
+    err, _ = await _run_learner_test(test, reference_with_retry)
+    if err is not None:
+        r.fail(f"run a second time against the correct with_retry, your test fails: {_short(err)}. {FRESH}")
+    if r.public:
+        return
+
+    for name, impl in CORRECT.items():
+        if impl is reference_with_retry:
+            continue
+        err, _ = await _run_learner_test(test, impl)
+        if err is not None:
+            r.fail(f"your test fails against {name} of with_retry, which is correct: {_short(err)}")
+    r.ok("passes against two other correct versions (recursive, while loop)")
+
+    caught, missed = [], []
+    for name, (impl, what) in MUTANTS.items():
+        err, _ = await _run_learner_test(test, impl)
+        if err is None:
+            missed.append(name)
+            r.fail(f"got through: '{name}' ({what}) passed your test", stop=False)
+        else:
+            caught.append(name)
+            r.ok(f"caught '{name}' ({what}): {_short(err)}")
+
+    err, _ = await _run_learner_test(test, reference_with_retry)
+    if err is not None:
+        r.fraction = 0.0
+        r.fail(
+            f"run again against the correct with_retry after the wrong ones, your test fails: {_short(err)}. {FRESH}"
+        )
+    r.fraction = len(caught) / len(MUTANTS)
+    r.note(
+        f"{len(caught)}/{len(MUTANTS)} wrong versions caught"
+        + (f"; got through: {', '.join(missed)}" if missed else "")
+    )

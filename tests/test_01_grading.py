@@ -1,0 +1,728 @@
+"""Chapter 01's checks reject the wrong answers learners write and accept the right ones.
+
+Each wrong solution below is one a learner would plausibly write; each must lose points,
+with feedback that names the mistake. Several correct variants must get full marks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from autograder.checks import ch01
+from tests.helpers import assert_accepted, assert_rejected, run_source
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTION = REPO / "solutions" / "01_timeouts_and_retries" / "01_timeouts_and_retries.ipynb"
+
+HEAD = """
+import asyncio
+import random
+import time
+import httpx
+from course.retry import is_retryable
+"""
+
+# ----------------------------------------------------------------------------- is_retryable
+
+RETRYABLE_OK = {
+    "reference": HEAD + "from course.retry import is_retryable as _r\ndef is_retryable(err):\n    return _r(err)\n",
+    "status sets": """
+import asyncio
+import httpx
+
+RETRY = {408, 429} | set(range(500, 600))
+
+def is_retryable(err: BaseException) -> bool:
+    if isinstance(err, (TimeoutError, httpx.TimeoutException, httpx.TransportError, ConnectionError)):
+        return True
+    if isinstance(err, httpx.HTTPStatusError):
+        return err.response.status_code in RETRY
+    status = getattr(err, "status", None)
+    return type(status) is int and status in RETRY
+""",
+    "response attribute and match": """
+import httpx
+
+def is_retryable(err):
+    match err:
+        case TimeoutError() | httpx.TimeoutException() | httpx.TransportError() | ConnectionError():
+            return True
+    status = getattr(getattr(err, "response", None), "status_code", None) if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
+    if isinstance(status, bool) or not isinstance(status, int):
+        return False
+    return status == 408 or status == 429 or 500 <= status < 600
+""",
+}
+
+RETRYABLE_WRONG = {
+    "everything": ("def is_retryable(err):\n    return True\n", "ValueError"),
+    "every HTTP error": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (TimeoutError, httpx.HTTPError, ConnectionError)):
+        return True
+    s = getattr(err, "status", None)
+    return isinstance(s, int) and s >= 500
+""",
+        "404",
+    ),
+    "5xx only, forgets 408 and 429": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (TimeoutError, httpx.TimeoutException, httpx.TransportError, ConnectionError)):
+        return True
+    if isinstance(err, httpx.HTTPStatusError):
+        return err.response.status_code >= 500
+    s = getattr(err, "status", None)
+    return isinstance(s, int) and s >= 500
+""",
+        "429",
+    ),
+    "only a status attribute (httpx errors have none)": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (TimeoutError, httpx.TimeoutException, httpx.TransportError, ConnectionError)):
+        return True
+    s = getattr(err, "status", None)
+    return isinstance(s, int) and (s in (408, 429) or 500 <= s <= 599)
+""",
+        "HTTPStatusError 503",
+    ),
+    "forgets connection errors": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (TimeoutError, httpx.TimeoutException)):
+        return True
+    if isinstance(err, httpx.HTTPStatusError):
+        s = err.response.status_code
+    else:
+        s = getattr(err, "status", None)
+    return isinstance(s, int) and (s in (408, 429) or 500 <= s <= 599)
+""",
+        "ConnectError",
+    ),
+    "matches 'timeout' in the message": (
+        """
+def is_retryable(err):
+    if "timeout" in str(err).lower() or "timed out" in str(err).lower():
+        return True
+    s = getattr(err, "status", None)
+    return isinstance(s, int) and (s in (408, 429) or s >= 500)
+""",
+        "TimeoutError() -> False",
+    ),
+    "all 4xx and 5xx": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (TimeoutError, httpx.TimeoutException, httpx.TransportError, ConnectionError)):
+        return True
+    s = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
+    return isinstance(s, int) and s >= 400
+""",
+        "404",
+    ),
+    "falls off the end (returns None)": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (TimeoutError, httpx.TimeoutException, httpx.TransportError, ConnectionError)):
+        return True
+    s = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
+    if isinstance(s, int) and (s in (408, 429) or 500 <= s <= 599):
+        return True
+""",
+        "not a bool",
+    ),
+    "compares a string status": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (TimeoutError, httpx.TimeoutException, httpx.TransportError, ConnectionError)):
+        return True
+    s = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
+    if s is None:
+        return False
+    return s in (408, 429) or 500 <= s <= 599
+""",
+        "raised TypeError",
+    ),
+    "not done": ('def is_retryable(err):\n    raise NotImplementedError("not done yet")\n', "not done yet"),
+}
+
+
+@pytest.mark.parametrize("name", RETRYABLE_OK)
+def test_01_is_retryable_accepts(name):
+    assert_accepted("is_retryable", RETRYABLE_OK[name])
+
+
+@pytest.mark.parametrize("name", RETRYABLE_WRONG)
+def test_01_is_retryable_rejects(name):
+    source, mentions = RETRYABLE_WRONG[name]
+    assert_rejected("is_retryable", source, mentions=mentions)
+
+
+# ----------------------------------------------------------------------------- with_retry
+
+SIG = "async def with_retry(fn, *, retries=4, base_delay=0.1, max_delay=2.0, retryable=is_retryable, sleep=asyncio.sleep, rand=random.random):"
+
+WITH_RETRY_OK = {
+    "for loop": HEAD
+    + SIG
+    + """
+    for attempt in range(retries + 1):
+        try:
+            return await fn()
+        except Exception as err:
+            if attempt == retries or not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))
+""",
+    "recursion": HEAD
+    + """
+async def with_retry(fn, *, retries=4, base_delay=0.1, max_delay=2.0, retryable=is_retryable, sleep=asyncio.sleep, rand=random.random, _attempt=0):
+    try:
+        return await fn()
+    except Exception as err:
+        if _attempt >= retries or not retryable(err):
+            raise
+        await sleep(rand() * min(max_delay, base_delay * 2 ** _attempt))
+    return await with_retry(fn, retries=retries, base_delay=base_delay, max_delay=max_delay,
+                            retryable=retryable, sleep=sleep, rand=rand, _attempt=_attempt + 1)
+""",
+    "while loop with a saved error": HEAD
+    + SIG
+    + """
+    attempt = 0
+    while True:
+        try:
+            return await fn()
+        except Exception as err:
+            last = err
+        if attempt >= retries or not retryable(last):
+            raise last
+        await sleep(min(max_delay, base_delay * 2 ** attempt) * rand())
+        attempt += 1
+""",
+    "tenacity underneath": HEAD
+    + """
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+"""
+    + SIG
+    + """
+    def wait(state):
+        return rand() * min(max_delay, base_delay * 2 ** (state.attempt_number - 1))
+
+    async for attempt in AsyncRetrying(stop=stop_after_attempt(retries + 1), wait=wait,
+                                       retry=retry_if_exception(retryable), sleep=sleep, reraise=True):
+        with attempt:
+            return await fn()
+""",
+}
+
+
+def _loop(body_except: str, *, loop: str = "for attempt in range(retries + 1):") -> str:
+    return (
+        HEAD
+        + SIG
+        + f"""
+    {loop}
+        try:
+            return await fn()
+        except Exception as err:
+{body_except}
+"""
+    )
+
+
+WITH_RETRY_WRONG = {
+    "no jitter": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise
+            await sleep(min(max_delay, base_delay * 2 ** attempt))"""),
+        "no jitter",
+    ),
+    "constant delay": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise
+            await sleep(rand() * base_delay)"""),
+        "constant delay",
+    ),
+    "no cap": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise
+            await sleep(rand() * base_delay * 2 ** attempt)"""),
+        "slept",
+    ),
+    "jitter before the cap": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise
+            await sleep(min(max_delay, rand() * base_delay * 2 ** attempt))"""),
+        "jitter before the cap",
+    ),
+    "off by one exponent": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** (attempt + 1)))"""),
+        "off by one",
+    ),
+    "linear backoff": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * (attempt + 1)))"""),
+        "linear",
+    ),
+    "module random instead of the injected rand": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise
+            await sleep(random.random() * min(max_delay, base_delay * 2 ** attempt))"""),
+        "injected rand",
+    ),
+    "one attempt too few": (
+        _loop(
+            """            if attempt == retries - 1 or not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))""",
+            loop="for attempt in range(max(retries, 1)):",
+        ),
+        "calls",
+    ),
+    "retries a non-retryable error": (
+        _loop("""            if attempt == retries:
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))"""),
+        "not retryable",
+    ),
+    "retries 4xx even when retryable says no": (
+        _loop("""            status = getattr(err, "status", None)
+            if attempt == retries or not (retryable(err) or (isinstance(status, int) and status >= 400)):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))"""),
+        "404",
+    ),
+    "ignores the retryable argument": (
+        _loop("""            if attempt == retries or not is_retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))"""),
+        "retryable argument",
+    ),
+    "sleeps after the final attempt": (
+        _loop("""            if not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))
+            if attempt == retries:
+                raise"""),
+        "never sleep after the final attempt",
+    ),
+    "swallows the final error": (
+        _loop("""            if not retryable(err):
+                raise
+            if attempt == retries:
+                return None
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))"""),
+        "swallowed",
+    ),
+    "wraps the final error": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise RuntimeError(f"gave up after {attempt + 1} attempts") from err
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))"""),
+        "unchanged",
+    ),
+    "raises the first error": (
+        _loop(
+            """            first = first or err
+            if attempt == retries or not retryable(err):
+                raise first
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))""",
+            loop="first = None\n    for attempt in range(retries + 1):",
+        ),
+        "not the last one",
+    ),
+    "tenacity without reraise": (
+        HEAD
+        + "from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt\n"
+        + SIG
+        + """
+    def wait(state):
+        return rand() * min(max_delay, base_delay * 2 ** (state.attempt_number - 1))
+    async for attempt in AsyncRetrying(stop=stop_after_attempt(retries + 1), wait=wait,
+                                       retry=retry_if_exception(retryable), sleep=sleep):
+        with attempt:
+            return await fn()
+""",
+        "reraise=True",
+    ),
+    "catches BaseException (retries cancellation)": (
+        HEAD
+        + SIG
+        + """
+    for attempt in range(retries + 1):
+        try:
+            return await fn()
+        except BaseException as err:
+            if attempt == retries or not (retryable(err) or isinstance(err, asyncio.CancelledError)):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))
+""",
+        "CancelledError",
+    ),
+    "a global attempt counter": (
+        HEAD
+        + "STATE = {'attempt': 0}\n"
+        + SIG
+        + """
+    STATE['attempt'] = 0
+    while True:
+        try:
+            return await fn()
+        except Exception as err:
+            if STATE['attempt'] >= retries or not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** STATE['attempt']))
+            STATE['attempt'] += 1
+""",
+        "concurrent callers",
+    ),
+    "awaits one coroutine twice": (
+        HEAD
+        + SIG
+        + """
+    call = fn()
+    for attempt in range(retries + 1):
+        try:
+            return await call
+        except Exception as err:
+            if attempt == retries or not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))
+""",
+        "RuntimeError",
+    ),
+    "sleeps for real with asyncio.sleep": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise
+            await asyncio.sleep(rand() * min(max_delay, base_delay * 2 ** attempt) / 10)"""),
+        "never awaited",
+    ),
+    "sleeps for real with time.sleep": (
+        _loop("""            if attempt == retries or not retryable(err):
+                raise
+            time.sleep(rand() * min(max_delay, base_delay * 2 ** attempt) / 10)"""),
+        "never awaited",
+    ),
+    "not done": (HEAD + SIG + '\n    raise NotImplementedError("not done yet")\n', "not done yet"),
+}
+
+#: never returns: each costs the check's real-time limit, so they run in parallel
+WITH_RETRY_HANGS = {
+    "retries forever": HEAD
+    + SIG
+    + """
+    attempt = 0
+    while True:
+        try:
+            return await fn()
+        except Exception as err:
+            if not retryable(err):
+                raise
+            await sleep(rand() * min(max_delay, base_delay * 2 ** min(attempt, 20)))
+            attempt += 1
+""",
+    "waits on an event nobody sets": HEAD
+    + SIG
+    + """
+    await asyncio.Event().wait()
+""",
+}
+
+
+@pytest.mark.parametrize("name", WITH_RETRY_OK)
+def test_01_with_retry_accepts(name):
+    assert_accepted("with_retry", WITH_RETRY_OK[name])
+
+
+@pytest.mark.parametrize("name", WITH_RETRY_WRONG)
+def test_01_with_retry_rejects(name):
+    source, mentions = WITH_RETRY_WRONG[name]
+    assert_rejected("with_retry", source, mentions=mentions)
+
+
+def test_01_with_retry_that_never_returns_is_cut_and_fails_only_itself():
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(WITH_RETRY_HANGS)) as pool:
+        results = list(pool.map(lambda src: run_source("with_retry", src), WITH_RETRY_HANGS.values()))
+    for res in results:
+        assert res.points == 0, res.text()
+        assert "real time" in res.text(), res.text()
+    # other tasks still grade normally afterwards
+    assert_accepted("is_retryable", RETRYABLE_OK["status sets"])
+    assert time.perf_counter() - started < 30
+
+
+def test_01_with_retry_verdicts_repeat():
+    source = WITH_RETRY_WRONG["jitter before the cap"][0]
+    first, second = run_source("with_retry", source), run_source("with_retry", source)
+    assert first.lines == second.lines
+    assert any("seeded with" in line for line in first.lines)
+
+
+# ----------------------------------------------------------------------------- retry_test
+
+TEST_HEAD = """
+import asyncio
+import random
+import pytest
+from course.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
+"""
+
+GOOD_TEST = (
+    TEST_HEAD
+    + """
+async def test_survives_three_of_five_failures(with_retry):
+    clock = VirtualClock()
+    flaky = FlakyDependency(Schedule("fail fail fail ok ok"), clock=clock)
+    rng, draws = random.Random(42), []
+    def rand():
+        draws.append(rng.random())
+        return draws[-1]
+    assert await with_retry(flaky, retries=3, base_delay=0.1, max_delay=0.3, sleep=clock.sleep, rand=rand) == "ok"
+    assert flaky.count == 4
+    assert len(draws) >= 3
+    assert clock.sleeps == pytest.approx([u * w for u, w in zip(draws, [0.1, 0.2, 0.3])])
+    clock = VirtualClock()
+    flaky = FlakyDependency(Schedule("fail fail fail ok ok"), clock=clock)
+    with pytest.raises(DependencyError):
+        await with_retry(flaky, retries=2, sleep=clock.sleep, rand=rand)
+    assert flaky.count == 3 and len(clock.sleeps) == 2
+    clock = VirtualClock()
+    flaky = FlakyDependency(Schedule("404 ok"), clock=clock)
+    with pytest.raises(DependencyError):
+        await with_retry(flaky, sleep=clock.sleep, rand=rand)
+    assert flaky.count == 1
+"""
+)
+
+SYNC_GOOD_TEST = (
+    TEST_HEAD
+    + """
+def test_survives_three_of_five_failures(with_retry):
+    async def scenario():
+        sleeps = []
+        async def sleep(s):
+            sleeps.append(s)
+        draws = iter([0.5, 0.25, 0.75, 0.5, 0.5])
+        flaky = FlakyDependency(Schedule("fail fail fail ok ok"))
+        assert await with_retry(flaky, retries=3, base_delay=1.0, max_delay=3.0, sleep=sleep, rand=lambda: next(draws)) == "ok"
+        assert flaky.count == 4
+        assert sleeps == [0.5 * 1.0, 0.25 * 2.0, 0.75 * 3.0]
+        sleeps.clear()
+        flaky = FlakyDependency(Schedule("fail fail fail ok ok"))
+        try:
+            await with_retry(flaky, retries=2, sleep=sleep, rand=lambda: 0.5)
+        except DependencyError:
+            pass
+        else:
+            raise AssertionError("the error was swallowed")
+        assert len(sleeps) == 2
+        flaky = FlakyDependency(Schedule("404 ok"))
+        try:
+            await with_retry(flaky, sleep=sleep, rand=lambda: 0.5)
+        except DependencyError:
+            pass
+        assert flaky.count == 1
+    asyncio.run(scenario())
+"""
+)
+
+#: only the happy path with loose bounds: catches some wrong versions, not all
+WEAK_TEST = (
+    TEST_HEAD
+    + """
+async def test_survives_three_of_five_failures(with_retry):
+    clock = VirtualClock()
+    flaky = FlakyDependency(Schedule("fail fail fail ok ok"), clock=clock)
+    assert await with_retry(flaky, retries=3, sleep=clock.sleep) == "ok"
+    assert flaky.count == 4
+    assert len(clock.sleeps) == 3
+    assert all(0 <= s <= 0.1 * 2 ** k for k, s in enumerate(clock.sleeps))
+"""
+)
+
+#: the zip() trap: with no rand() draws, the comparison is vacuously true
+VACUOUS_TEST = (
+    TEST_HEAD
+    + """
+async def test_survives_three_of_five_failures(with_retry):
+    clock = VirtualClock()
+    flaky = FlakyDependency(Schedule("fail fail fail ok ok"), clock=clock)
+    draws = []
+    def rand():
+        draws.append(random.Random(len(draws)).random())
+        return draws[-1]
+    assert await with_retry(flaky, retries=3, base_delay=0.1, max_delay=0.3, sleep=clock.sleep, rand=rand) == "ok"
+    assert flaky.count == 4
+    assert all(abs(s - u * w) < 1e-9 for s, u, w in zip(clock.sleeps, draws, [0.1, 0.2, 0.3]))
+    clock = VirtualClock()
+    flaky = FlakyDependency(Schedule("fail fail fail ok ok"), clock=clock)
+    with pytest.raises(DependencyError):
+        await with_retry(flaky, retries=2, sleep=clock.sleep, rand=rand)
+    assert len(clock.sleeps) == 2
+    flaky = FlakyDependency(Schedule("404 ok"), clock=clock)
+    with pytest.raises(DependencyError):
+        await with_retry(flaky, sleep=clock.sleep, rand=rand)
+"""
+)
+
+
+def test_01_retry_test_full_marks_for_a_thorough_test():
+    res = assert_accepted("retry_test", GOOD_TEST)
+    assert "7/7 wrong versions caught" in res.text()
+
+
+def test_01_retry_test_accepts_a_sync_test_that_runs_its_own_loop():
+    assert_accepted("retry_test", SYNC_GOOD_TEST)
+
+
+def test_01_retry_test_partial_credit_names_what_got_through():
+    res = run_source("retry_test", WEAK_TEST)
+    assert 0 < res.points < res.max_points, res.text()
+    assert "got through" in res.text()
+    caught = sum(1 for line in res.lines if line.startswith("  [ok] caught"))
+    assert res.points == round(res.max_points * caught / len(ch01.MUTANTS), 2)
+
+
+def test_01_retry_test_sees_through_a_vacuous_zip():
+    res = run_source("retry_test", VACUOUS_TEST)
+    assert res.points == round(res.max_points * 6 / 7, 2), res.text()
+    assert "got through: 'no jitter'" in res.text()
+
+
+RETRY_TEST_WRONG = {
+    "fails against a correct with_retry": (
+        TEST_HEAD
+        + """
+async def test_survives_three_of_five_failures(with_retry):
+    clock = VirtualClock()
+    flaky = FlakyDependency(Schedule("fail fail fail ok ok"), clock=clock)
+    assert await with_retry(flaky, sleep=clock.sleep) == "ok"
+    assert flaky.count == 5
+""",
+        "your test fails",
+    ),
+    "sleeps for real": (
+        TEST_HEAD
+        + """
+async def test_survives_three_of_five_failures(with_retry):
+    flaky = FlakyDependency(Schedule("fail fail fail ok ok"))
+    assert await with_retry(flaky, base_delay=0.001) == "ok"
+    assert flaky.count == 4
+""",
+        "no sleep=",
+    ),
+    "never calls the with_retry it is given": (
+        TEST_HEAD
+        + """
+from course.retry import with_retry as reference
+async def test_survives_three_of_five_failures(with_retry):
+    clock = VirtualClock()
+    flaky = FlakyDependency(Schedule("fail fail fail ok ok"), clock=clock)
+    assert await reference(flaky, sleep=clock.sleep) == "ok"
+""",
+        "never calls",
+    ),
+    "checks which function it got": (
+        TEST_HEAD
+        + """
+import course.retry
+async def test_survives_three_of_five_failures(with_retry):
+    clock = VirtualClock()
+    flaky = FlakyDependency(Schedule("fail fail fail ok ok"), clock=clock)
+    await with_retry(flaky, sleep=clock.sleep)
+    assert with_retry is course.retry.with_retry
+""",
+        "your test fails",
+    ),
+    "state shared between runs": (
+        TEST_HEAD
+        + """
+CLOCK = VirtualClock()
+FLAKY = FlakyDependency(Schedule("fail fail fail ok ok"), clock=CLOCK)
+async def test_survives_three_of_five_failures(with_retry):
+    assert await with_retry(FLAKY, retries=3, base_delay=0.1, max_delay=0.3, sleep=CLOCK.sleep) == "ok"
+    assert FLAKY.count == 4
+""",
+        "inside the test",
+    ),
+    "hangs": (
+        TEST_HEAD
+        + """
+async def test_survives_three_of_five_failures(with_retry):
+    await asyncio.Event().wait()
+""",
+        "real time",
+    ),
+    "not done": (
+        'async def test_survives_three_of_five_failures(with_retry):\n    raise NotImplementedError("not done yet")\n',
+        "not done yet",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", RETRY_TEST_WRONG)
+def test_01_retry_test_rejects(name):
+    source, mentions = RETRY_TEST_WRONG[name]
+    res = assert_rejected("retry_test", source, mentions=mentions)
+    assert res.points == 0, res.text()
+
+
+def test_01_every_mutant_is_wrong_and_every_correct_version_right():
+    """The mutants must really be wrong (the reference check rejects each) and the correct
+    versions really correct: otherwise the mutation grade would punish good tests."""
+    import inspect
+    import textwrap
+
+    for name, impl in ch01.CORRECT.items():
+        source = HEAD + textwrap.dedent(inspect.getsource(impl)).replace(impl.__name__, "with_retry")
+        if name == "course.retry.with_retry":
+            continue
+        assert_accepted("with_retry", source.replace("reference_is_retryable", "is_retryable"))
+    for impl, _ in ch01.MUTANTS.values():
+        source = HEAD + textwrap.dedent(inspect.getsource(impl)).replace(impl.__name__, "with_retry")
+        assert_rejected("with_retry", source.replace("reference_is_retryable", "is_retryable"))
+
+
+# ----------------------------------------------------------------------------- the whole notebook
+
+
+def _set_answer(nb: dict, grade_id: str, source: str) -> None:
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
+            cell["source"] = source
+            return
+    raise KeyError(grade_id)
+
+
+@pytest.mark.slow
+def test_01_course_check_scores_wrong_answers_below_full_marks(tmp_path):
+    from autograder.check import check
+
+    nb = json.loads(SOLUTION.read_text())
+    _set_answer(nb, "with_retry", WITH_RETRY_WRONG["no jitter"][0])
+    _set_answer(nb, "is_retryable", RETRYABLE_WRONG["every HTTP error"][0])
+    _set_answer(nb, "retry_test", WEAK_TEST)
+    path = tmp_path / "01_timeouts_and_retries.ipynb"
+    path.write_text(json.dumps(nb))
+    res = check(path)
+    scores = {t.id: t.points for t in res.tasks}
+    assert scores["is_retryable"] == 0 and scores["with_retry"] == 0, scores
+    assert 0 < scores["retry_test"] < 4, scores
+    assert res.score < res.max_score == 10
