@@ -1,0 +1,293 @@
+"""Chapter 01's reference code: backoff strategies, the herd simulation, retry limits,
+budgets, deadlines and hedged reads. Virtual time wherever the behaviour allows it."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import random
+
+import httpx
+import pytest
+
+from course import backoff, budgets, hedging, herd, retry
+from course.faults import DependencyError, FlakyDependency, FlakyService, Schedule, VirtualClock
+
+# ----------------------------------------------------------------------------- backoff
+
+
+def test_01_capped_exponential_doubles_then_stays_at_the_cap():
+    assert backoff.Exponential(0.1, 1.0).delays(6) == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+
+
+def test_01_full_jitter_scales_the_window_by_rand():
+    draws = iter([0.5, 0.25, 1.0])
+    assert backoff.FullJitter(0.1, 0.3).delays(3, lambda: next(draws)) == pytest.approx([0.05, 0.05, 0.3])
+
+
+def test_01_equal_jitter_keeps_half_the_window():
+    assert backoff.EqualJitter(0.1, 2.0).delays(3, lambda: 0.0) == pytest.approx([0.05, 0.1, 0.2])
+    assert backoff.EqualJitter(0.1, 2.0).delays(3, lambda: 1.0) == pytest.approx([0.1, 0.2, 0.4])
+
+
+def test_01_decorrelated_jitter_grows_from_the_previous_wait_up_to_the_cap():
+    assert backoff.DecorrelatedJitter(0.1, 1.0).delays(4, lambda: 1.0) == pytest.approx([0.3, 0.9, 1.0, 1.0])
+    assert backoff.DecorrelatedJitter(0.1, 1.0).delays(3, lambda: 0.0) == pytest.approx([0.1, 0.1, 0.1])
+
+
+def test_01_fixed_and_linear():
+    assert backoff.Fixed(0.2, 1.0).delays(3) == [0.2, 0.2, 0.2]
+    assert backoff.Linear(0.2, 0.5).delays(4) == pytest.approx([0.2, 0.4, 0.5, 0.5])
+
+
+def test_01_huge_attempts_do_not_overflow():
+    assert backoff.Exponential(0.1, 2.0).delay(10_000) == 2.0
+
+
+# ----------------------------------------------------------------------------- herd
+
+
+def _scalar_race(clients: int, strategy: str, trials: int, seed: int, base=5.0, cap=2000.0) -> tuple[float, float]:
+    """The same model as course.herd, written as a plain one-trial-at-a-time event loop."""
+    rng = random.Random(seed)
+
+    def d() -> float:
+        return abs(rng.gauss(10, 2))
+
+    calls_total = time_total = 0.0
+    for _ in range(trials):
+        version, calls, finish = 0, 0, 0.0
+        seen, fails, prev = [0] * clients, [0] * clients, [base] * clients
+        queue = [(d(), i, "read") for i in range(clients)]
+        heapq.heapify(queue)
+        while queue:
+            t, i, what = heapq.heappop(queue)
+            if what == "read":
+                seen[i] = version
+                heapq.heappush(queue, (t + d() + d(), i, "write"))
+                continue
+            calls += 1
+            if seen[i] == version:
+                version += 1
+                finish = max(finish, t + d())
+                continue
+            fails[i] += 1
+            e = min(cap, base * 2 ** fails[i])
+            u = rng.random()
+            sleep = {
+                "none": 0.0,
+                "exponential": e,
+                "equal jitter": e / 2 + u * e / 2,
+                "full jitter": u * e,
+                "decorrelated jitter": min(cap, base + u * (prev[i] * 3 - base)),
+            }[strategy]
+            prev[i] = sleep if strategy == "decorrelated jitter" else prev[i]
+            heapq.heappush(queue, (t + d() + d() + sleep, i, "read"))
+        calls_total += calls
+        time_total += finish
+    return calls_total / trials, time_total / trials
+
+
+@pytest.mark.parametrize("strategy", herd.STRATEGIES)
+def test_01_vectorised_herd_matches_a_plain_event_loop(strategy):
+    res = herd.simulate(20, (strategy,), trials=200, seed=3)
+    calls, completion = _scalar_race(20, strategy, trials=200, seed=4)
+    assert res.mean_calls(strategy) == pytest.approx(calls, rel=0.08)
+    assert res.mean_completion_ms(strategy) == pytest.approx(completion, rel=0.12)
+
+
+def test_01_herd_every_client_wins_exactly_once():
+    res = herd.simulate(15, trials=5, seed=1, record=True)
+    for strategy in herd.STRATEGIES:
+        assert (res.calls[strategy] >= 15).all()
+        assert len(res.write_times_ms[strategy]) == res.calls[strategy][0]
+
+
+def test_01_herd_reproduces_brookers_claims_at_100_clients():
+    sweep = herd.sweep((10, 50, 100), trials=25, seed=9)
+    table = herd.claims_table(sweep[100], sweep)
+    assert len(table) == 5
+    failed = [(claim, measured) for claim, measured, ok in table if not ok]
+    assert not failed, failed
+
+
+def test_01_herd_is_deterministic_for_a_seed():
+    a, b = herd.simulate(10, trials=5, seed=42), herd.simulate(10, trials=5, seed=42)
+    assert all((a.calls[s] == b.calls[s]).all() for s in herd.STRATEGIES)
+
+
+async def test_01_live_storm_every_client_gets_through_and_every_request_is_counted():
+    run = await herd.live_storm("full jitter", clients=20, outage=0.2, base=0.05, cap=0.2, max_attempts=12)
+    assert sum(s == 200 for s in run.statuses) == 20
+    assert all(s in (200, 503) for s in run.statuses)
+    assert len(run.arrivals) == len(run.statuses) <= 20 * 12
+    starts, counts = run.per_bucket(0.05)
+    assert counts.sum() == len(run.arrivals)
+
+
+# ----------------------------------------------------------------------------- retry limits
+
+
+async def test_01_retry_call_stops_at_the_total_time_limit():
+    clock = VirtualClock()
+    dep = FlakyDependency(Schedule("fail", then="repeat"), clock=clock)
+    state = retry.RetryState()
+    policy = retry.RetryPolicy(max_attempts=100, max_elapsed=2.0, backoff=backoff.Exponential(0.1, 1.0))
+    with pytest.raises(DependencyError):
+        await retry.retry_call(dep, policy, clock=clock, sleep=clock.sleep, state=state)
+    assert clock() <= 2.0
+    assert "limit" in state.gave_up
+    assert state.delays == pytest.approx([0.1, 0.2, 0.4, 0.8])  # the next 1.0 would end at 2.5 s
+
+
+async def test_01_retry_call_records_metadata_before_each_wait():
+    clock = VirtualClock()
+    dep = FlakyDependency(Schedule("fail fail ok"), clock=clock)
+    rows = []
+    policy = retry.RetryPolicy(backoff=backoff.Fixed(0.5, 1.0))
+    result = await retry.retry_call(
+        dep, policy, clock=clock, sleep=clock.sleep, on_retry=lambda s: rows.append(s.as_row())
+    )
+    assert result == "ok"
+    assert [(r["attempt"], r["first_failure_at"], r["last_failure_at"], r["next_retry_at"]) for r in rows] == [
+        (1, 0.0, 0.0, 0.5),
+        (2, 0.0, 0.5, 1.0),
+    ]
+    assert "503" in rows[-1]["last_error"]
+
+
+async def test_01_retry_call_does_not_retry_a_404():
+    dep = FlakyDependency(Schedule("404 ok"))
+    with pytest.raises(DependencyError):
+        await retry.retry_call(dep, sleep=VirtualClock().sleep)
+    assert dep.count == 1
+
+
+@pytest.mark.parametrize(("layers", "attempts", "calls"), [(1, 3, 3), (3, 3, 27), (5, 3, 243), (2, 5, 25)])
+async def test_01_retries_multiply_across_layers(layers, attempts, calls):
+    assert await retry.layered_calls(layers, attempts) == calls
+
+
+async def test_01_live_errors_are_real_httpx_errors():
+    found = dict(await retry.live_errors(("200", "404", "503", "reset"), timeout=0.5))
+    assert found["200"] is None
+    assert isinstance(found["404"], httpx.HTTPStatusError) and not retry.is_retryable(found["404"])
+    assert isinstance(found["503"], httpx.HTTPStatusError) and retry.is_retryable(found["503"])
+    assert isinstance(found["reset"], httpx.TransportError) and retry.is_retryable(found["reset"])
+
+
+# ----------------------------------------------------------------------------- budgets and deadlines
+
+
+def test_01_retry_budget_allows_about_its_ratio():
+    budget = budgets.RetryBudget(ratio=0.1, reserve=0)
+    allowed = 0
+    for _ in range(1000):
+        budget.record_request()
+        allowed += budget.try_spend()
+    assert 95 <= allowed <= 100
+
+
+async def test_01_retry_budget_caps_outage_amplification():
+    plain = await budgets.outage_load(200, retries=4)
+    capped = await budgets.outage_load(200, retries=4, budget=budgets.RetryBudget(ratio=0.1))
+    assert plain["amplification"] == 5.0
+    assert capped["amplification"] < 1.2
+
+
+def test_01_deadline_timeout_fits_inside_what_is_left():
+    clock = VirtualClock()
+    deadline = budgets.Deadline.after(1.0, clock)
+    assert deadline.timeout(5.0, reserve=0.1) == pytest.approx(0.9)
+    assert deadline.timeout(0.2) == 0.2
+    clock.advance(1.0)
+    with pytest.raises(budgets.DeadlineExceeded):
+        deadline.timeout(5.0)
+
+
+async def test_01_propagated_deadline_stops_wasted_work():
+    chain = [budgets.Hop("gateway", 0.02, 5.0), budgets.Hop("api", 0.05, 2.0, attempts=2), budgets.Hop("db", 3.0, 0)]
+    fixed = await budgets.call_chain(chain, 1.0, propagate=False)
+    passed = await budgets.call_chain(chain, 1.0, propagate=True)
+    assert fixed.outcome == passed.outcome == "504"
+    assert fixed.calls["db"] == 2 and fixed.wasted > 4.0
+    assert passed.calls["db"] == 1 and passed.wasted < 0.05
+
+
+async def test_01_healthy_chain_answers_either_way():
+    chain = [budgets.Hop("gateway", 0.02, 5.0), budgets.Hop("db", 0.1, 2.0)]
+    for propagate in (False, True):
+        assert (await budgets.call_chain(chain, 1.0, propagate=propagate)).outcome == "200"
+
+
+# ----------------------------------------------------------------------------- hedging
+
+
+async def test_01_hedge_wins_when_the_first_replica_is_slow_and_the_loser_is_cancelled():
+    clock = VirtualClock()
+    cancelled = []
+
+    async def read(replica):
+        try:
+            await clock.sleep({"a": 1.0, "b": 0.01}[replica])
+            return replica
+        except asyncio.CancelledError:
+            cancelled.append(replica)
+            raise
+
+    stats = hedging.HedgeStats()
+    assert await hedging.hedged(read, ["a", "b"], hedge_after=0.05, sleep=clock.sleep, stats=stats) == "b"
+    assert clock() == pytest.approx(0.06)
+    assert cancelled == ["a"] and stats.hedges == 1 and stats.hedge_wins == 1
+
+
+async def test_01_no_hedge_when_the_first_answer_is_fast():
+    clock = VirtualClock()
+
+    async def read(replica):
+        await clock.sleep(0.01)
+        return replica
+
+    stats = hedging.HedgeStats()
+    assert await hedging.hedged(read, ["a", "b"], hedge_after=0.05, sleep=clock.sleep, stats=stats) == "a"
+    assert stats.hedges == 0
+
+
+async def test_01_a_fast_failure_hedges_at_once_and_all_failing_raises_the_first_error():
+    clock = VirtualClock()
+
+    async def read(replica):
+        raise DependencyError(503, f"{replica} down")
+
+    with pytest.raises(DependencyError, match="a down"):
+        await hedging.hedged(read, ["a", "b"], hedge_after=10.0, sleep=clock.sleep)
+    assert clock() == 0.0
+
+
+async def test_01_live_hedged_reads_answer_every_read():
+    plain, hedged_run, hedge_after = await hedging.hedging_demo(n=60, slow_share=0.1, slow=0.1)
+    assert len(plain.latencies_ms) == len(hedged_run.latencies_ms) == 60
+    assert hedge_after > 0
+    assert hedged_run.stats.requests == 60
+    assert hedged_run.stats.hedge_wins <= hedged_run.stats.hedges <= 60
+
+
+def test_01_fanout_tail_is_63_percent_at_100_shards():
+    assert hedging.fanout_slow_share(100, 0.01) == pytest.approx(1 - 0.99**100, abs=0.02)
+
+
+async def test_01_pool_exhaustion_without_and_with_a_timeout():
+    from course import timeouts
+
+    stuck = await timeouts.pool_exhaustion(None, hanging=2, healthy=4, max_connections=2, observe=0.5)
+    freed = await timeouts.pool_exhaustion(httpx.Timeout(0.1, pool=1.0), hanging=2, healthy=4, max_connections=2)
+    assert len(stuck.healthy_done()) == 0
+    assert len(freed.healthy_done()) == 4
+    assert {c.outcome for c in freed.calls if c.kind == "hanging"} == {"ReadTimeout"}
+
+
+async def test_01_live_flaky_service_counts_every_storm_request():
+    async with FlakyService(Schedule("503 ok")) as svc, httpx.AsyncClient() as client:
+        assert (await client.get(svc.url)).status_code == 503
+        assert (await client.get(svc.url)).status_code == 200
+        assert svc.count == 2
