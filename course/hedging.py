@@ -126,16 +126,20 @@ async def measure_reads(
     hedge_after: float | None,
     concurrency: int = 8,
     label: str = "",
+    client: httpx.AsyncClient | None = None,
+    into: ReadRun | None = None,
 ) -> ReadRun:
     """``n`` reads against the replicas at ``urls``, ``concurrency`` at a time; hedged after
-    ``hedge_after`` s, or plain reads of ``urls[0]`` when it is None."""
-    run = ReadRun(label or ("plain" if hedge_after is None else f"hedged after {hedge_after * 1000:.0f} ms"))
+    ``hedge_after`` s, or plain reads of ``urls[0]`` when it is None. Results are added to
+    ``into`` (a new :class:`ReadRun` by default)."""
+    run = into or ReadRun(label or ("plain" if hedge_after is None else f"hedged after {hedge_after * 1000:.0f} ms"))
     gate = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=4 * concurrency)
-    async with httpx.AsyncClient(timeout=5.0, limits=limits) as client:
+    own = client is None
+    http = client or httpx.AsyncClient(timeout=5.0, limits=httpx.Limits(max_connections=4 * concurrency))
+    try:
 
         async def get(url: str) -> int:
-            resp = await client.get(url + "/profile")
+            resp = await http.get(url + "/profile")
             resp.raise_for_status()
             return resp.status_code
 
@@ -150,23 +154,44 @@ async def measure_reads(
                 run.latencies_ms.append((time.perf_counter() - t0) * 1000)
 
         await asyncio.gather(*(one() for _ in range(n)))
+    finally:
+        if own:
+            await http.aclose()
     return run
 
 
 async def hedging_demo(
-    n: int = 400, *, slow_share: float = 0.03, fast: float = 0.005, slow: float = 0.5, seed: int = 11
+    n: int = 400,
+    *,
+    slow_share: float = 0.03,
+    fast: float = 0.005,
+    slow: float = 0.5,
+    seed: int = 11,
+    concurrency: int = 4,
 ) -> tuple[ReadRun, ReadRun, float]:
-    """Two live replicas (FlakyService), each slow for ``slow_share`` of reads. Measures plain
-    reads, takes their p95 as the hedge delay, then measures hedged reads.
-    Returns (plain, hedged, hedge_after_seconds)."""
+    """Two live replicas (FlakyService), each slow for ``slow_share`` of reads.
+
+    A warm-up of plain reads gives the p95 that becomes the hedge delay; then ``n`` plain and
+    ``n`` hedged reads run side by side over one client, so both see the same machine at the
+    same moment. Returns (plain, hedged, hedge_after_seconds)."""
     a = FlakyService(replica_schedule(997, slow_share=slow_share, fast=fast, slow=slow, seed=seed), name="replica-a")
     b = FlakyService(
         replica_schedule(991, slow_share=slow_share, fast=fast, slow=slow, seed=seed + 1), name="replica-b"
     )
-    async with a, b:
-        plain = await measure_reads([a.url, b.url], n=n, hedge_after=None)
-        hedge_after = plain.p(95) / 1000
-        hedged_run = await measure_reads([a.url, b.url], n=n, hedge_after=hedge_after)
+    limits = httpx.Limits(max_connections=4 * concurrency, max_keepalive_connections=4 * concurrency)
+    async with a, b, httpx.AsyncClient(timeout=5.0, limits=limits) as client:
+        urls = [a.url, b.url]
+        # the p95 under the same load as the measurement below: both streams at once
+        warmup = await measure_reads(
+            urls, n=max(120, n // 3), hedge_after=None, client=client, concurrency=2 * concurrency
+        )
+        hedge_after = warmup.p(95) / 1000
+        plain = ReadRun("plain")
+        hedged_run = ReadRun(f"hedged after {hedge_after * 1000:.0f} ms")
+        await asyncio.gather(
+            measure_reads(urls, n=n, hedge_after=None, client=client, into=plain, concurrency=concurrency),
+            measure_reads(urls, n=n, hedge_after=hedge_after, client=client, into=hedged_run, concurrency=concurrency),
+        )
     return plain, hedged_run, hedge_after
 
 

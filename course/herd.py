@@ -393,8 +393,9 @@ def plot_storm(*runs: StormRun, bucket: float = 0.05):
         ax.axvspan(0, run.outage, color="#f5b7b1", alpha=0.4, lw=0)
         done = np.nanmax(run.finished_at) if not np.all(np.isnan(run.finished_at)) else float("nan")
         ax.set_title(
-            f"{run.strategy}: {len(run.arrivals)} requests from {run.clients} clients, "
-            f"peak {counts.max()} per {bucket * 1000:.0f} ms, all served by {done:.2f} s",
+            f"{run.strategy}: {len(run.arrivals)} requests from {run.clients} clients; busiest "
+            f"{bucket * 1000:.0f} ms once the service is back: {run.peak(bucket, after=run.outage)}; "
+            f"all served by {done:.2f} s",
             fontsize=10,
         )
         ax.set_ylabel("requests")
