@@ -20,12 +20,12 @@ lab: $(READY)
 
 ## The whole test suite: course/ units, every chapter notebook, grading contracts, nbgrader flow
 test: $(READY)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadgroup --ignore=tests/browser $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 ## JupyterLab driven by headless Chromium (installs chromium and playwright when missing)
 test-browser: $(READY)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/browser/setup.sh
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -p no:xdist tests/browser $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" COURSE_BROWSER_TESTS=1 $(BIN)/python -m pytest -p no:xdist tests/browser $(PYTEST_ARGS)
 
 ## Regenerate the student notebooks in notebooks/ from solutions/ with nbgrader
 release: $(READY)

@@ -106,18 +106,32 @@ class VirtualClock:
             self.advance(max(0.0, self._heap[0][0] - self._now))
 
 
+_idlers: dict[int, int] = {}  # loop id -> clock drivers now inside _until_idle
+
+
 async def _until_idle(max_rounds: int = 10_000) -> None:
-    """Yield until no other callback is ready to run on this loop."""
+    """Yield until nothing but other clocks' drivers is ready to run on this loop.
+
+    Several virtual clocks may drive one loop; each waiting driver keeps exactly one
+    callback ready (its own ``sleep(0)``), so those are discounted.
+    """
     loop = asyncio.get_running_loop()
-    for _ in range(max_rounds):
-        await asyncio.sleep(0)
-        ready = getattr(loop, "_ready", None)
-        if ready is None:  # an event loop without the attribute: a few rounds suffice
-            for _ in range(20):
-                await asyncio.sleep(0)
-            return
-        if not ready:
-            return
+    key = id(loop)
+    _idlers[key] = _idlers.get(key, 0) + 1
+    try:
+        for _ in range(max_rounds):
+            await asyncio.sleep(0)
+            ready = getattr(loop, "_ready", None)
+            if ready is None:  # an event loop without the attribute: a few rounds suffice
+                for _ in range(20):
+                    await asyncio.sleep(0)
+                return
+            if len(ready) <= _idlers[key] - 1:
+                return
+    finally:
+        _idlers[key] -= 1
+        if not _idlers[key]:
+            del _idlers[key]
 
 
 # ----------------------------------------------------------------------------- schedules

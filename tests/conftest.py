@@ -9,6 +9,10 @@ import pytest_asyncio
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+# The browser tests drive JupyterLab in Chromium and need their own setup: `make test-browser`.
+if not os.environ.get("COURSE_BROWSER_TESTS"):
+    collect_ignore = ["browser"]
+
 
 @pytest.fixture
 def ns():

@@ -171,3 +171,12 @@ def test_kill_postgres_backend_breaks_that_connection_only(ns):
         with pytest.raises(psycopg.OperationalError):
             victim.execute("SELECT 1")
         assert admin.execute("SELECT 1").fetchone() == (1,)
+
+
+async def test_two_clocks_on_one_loop_do_not_keep_each_other_busy():
+    a, b = VirtualClock(), VirtualClock()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        await asyncio.gather(a.sleep(1), b.sleep(2))
+    assert (a(), b()) == (20, 40)
+    assert time.perf_counter() - t0 < 0.5
