@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
+from pathlib import Path
 
 from autograder.harness import Result, get_task, run_task
 
@@ -28,3 +30,23 @@ def assert_accepted(task_id: str, source: str) -> Result:
     res = run_source(task_id, source)
     assert res.passed, f"{task_id}: a correct solution was rejected:\n{res.text()}"
     return res
+
+
+def notebook_with_answers(chapter: str, answers: dict[str, str], folder) -> Path:
+    """A copy of a chapter's solution notebook in ``folder`` with some answer cells replaced.
+
+    ``answers`` maps a task id (an answer cell's grade_id) to the source to put there.
+    """
+    solution = Path(__file__).resolve().parent.parent / "solutions" / chapter / f"{chapter}.ipynb"
+    nb = json.loads(solution.read_text())
+    missing = set(answers)
+    for cell in nb["cells"]:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell["source"] = textwrap.dedent(answers[grade_id])
+            missing.discard(grade_id)
+    if missing:
+        raise KeyError(f"{chapter} has no answer cell {sorted(missing)}")
+    path = Path(folder) / f"{chapter}.ipynb"
+    path.write_text(json.dumps(nb))
+    return path

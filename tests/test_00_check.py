@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import notebook_with_answers
+
 REPO = Path(__file__).resolve().parent.parent
 CH00 = REPO / "solutions" / "00_setup_and_tour" / "00_setup_and_tour.ipynb"
 
@@ -48,24 +50,20 @@ def test_a_folder_is_bad_input(tmp_path):
     assert proc.returncode == 2 and "is a folder" in proc.stderr
 
 
-def _with_answer(tmp_path: Path, task_id: str, source: str) -> Path:
-    nb = json.loads(CH00.read_text())
-    for cell in nb["cells"]:
-        if cell["metadata"].get("nbgrader", {}).get("grade_id") == task_id:
-            cell["source"] = source
-    path = tmp_path / "00_setup_and_tour.ipynb"
-    path.write_text(json.dumps(nb))
-    return path
-
-
 @pytest.mark.slow
 def test_a_cell_that_swallows_the_interrupt_is_cut_and_graded_zero(tmp_path):
-    path = _with_answer(
-        tmp_path,
-        "count_visit",
-        "import time\nasync def count_visit(redis, pool, page):\n    return 1\n\n"
-        "while True:\n    try:\n        time.sleep(10)\n    except:\n        pass\n",
-    )
+    hang = """
+        import time
+        async def count_visit(redis, pool, page):
+            return 1
+
+        while True:
+            try:
+                time.sleep(10)
+            except:
+                pass
+    """
+    path = notebook_with_answers("00_setup_and_tour", {"count_visit": hang}, tmp_path)
     env = dict(os.environ, COURSE_CELL_TIMEOUT="3")
     proc = course("check", str(path), "--json", env=env)
     assert proc.returncode == 1, proc.stderr

@@ -6,7 +6,6 @@ with feedback that names the mistake. Several correct variants must get full mar
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from autograder.checks import ch01
-from tests.helpers import assert_accepted, assert_rejected, run_source
+from tests.helpers import assert_accepted, assert_rejected, notebook_with_answers, run_source
 
 REPO = Path(__file__).resolve().parent.parent
-SOLUTION = REPO / "solutions" / "01_timeouts_and_retries" / "01_timeouts_and_retries.ipynb"
 
 HEAD = """
 import asyncio
@@ -703,24 +701,16 @@ def test_01_every_mutant_is_wrong_and_every_correct_version_right():
 # ----------------------------------------------------------------------------- the whole notebook
 
 
-def _set_answer(nb: dict, grade_id: str, source: str) -> None:
-    for cell in nb["cells"]:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
-            cell["source"] = source
-            return
-    raise KeyError(grade_id)
-
-
 @pytest.mark.slow
 def test_01_course_check_scores_wrong_answers_below_full_marks(tmp_path):
     from autograder.check import check
 
-    nb = json.loads(SOLUTION.read_text())
-    _set_answer(nb, "with_retry", WITH_RETRY_WRONG["no jitter"][0])
-    _set_answer(nb, "is_retryable", RETRYABLE_WRONG["every HTTP error"][0])
-    _set_answer(nb, "retry_test", WEAK_TEST)
-    path = tmp_path / "01_timeouts_and_retries.ipynb"
-    path.write_text(json.dumps(nb))
+    answers = {
+        "with_retry": WITH_RETRY_WRONG["no jitter"][0],
+        "is_retryable": RETRYABLE_WRONG["every HTTP error"][0],
+        "retry_test": WEAK_TEST,
+    }
+    path = notebook_with_answers("01_timeouts_and_retries", answers, tmp_path)
     res = check(path)
     scores = {t.id: t.points for t in res.tasks}
     assert scores["is_retryable"] == 0 and scores["with_retry"] == 0, scores

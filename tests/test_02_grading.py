@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_accepted, assert_rejected, run_source
+from tests.helpers import assert_accepted, assert_rejected, notebook_with_answers, run_source
 
 NOTEBOOK = (
     Path(__file__).resolve().parent.parent
@@ -488,15 +488,8 @@ def test_verdicts_are_identical_run_after_run():
 def test_course_check_scores_wrong_answers_below_full_marks(tmp_path):
     from autograder.check import check
 
-    nb = json.loads(NOTEBOOK.read_text())
-    for cell in nb["cells"]:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid == "circuit_breaker":
-            cell["source"] = ADMITS_EVERYONE_IN_HALF_OPEN
-        elif gid == "bulkhead":
-            cell["source"] = LEAKS_ON_CANCELLED_RUNNING
-    path = tmp_path / NOTEBOOK.name
-    path.write_text(json.dumps(nb))
+    answers = {"circuit_breaker": ADMITS_EVERYONE_IN_HALF_OPEN, "bulkhead": LEAKS_ON_CANCELLED_RUNNING}
+    path = notebook_with_answers("02_circuit_breakers_and_bulkheads", answers, tmp_path)
     res = check(path)
     scores = {t.id: t.points for t in res.tasks}
     assert scores == {"circuit_breaker": 0.0, "bulkhead": 0.0}, scores

@@ -7,13 +7,11 @@ the same on every run.
 
 from __future__ import annotations
 
-import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_accepted, assert_rejected, run_source
+from tests.helpers import assert_accepted, assert_rejected, notebook_with_answers, run_source
 
 HEADER = """
 from psycopg.types.json import Jsonb
@@ -479,21 +477,13 @@ def test_03_consumer_wrong_answers_rejected(source, mentions):
 
 # ----------------------------------------------------------------------------- the notebook as a whole
 
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "03_idempotency" / "03_idempotency.ipynb"
-
 
 @pytest.mark.slow
 def test_03_course_check_scores_a_wrong_notebook_below_full_marks(tmp_path):
     from autograder.check import check
 
-    nb = json.loads(SOLUTION.read_text())
     wrong = {"create_order": CHECK_THEN_INSERT, "consume_payment_event": CONSUMER_DEDUP_OUTSIDE_TRANSACTION}
-    for cell in nb["cells"]:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in wrong:
-            cell["source"] = wrong[gid]
-    path = tmp_path / "03_idempotency.ipynb"
-    path.write_text(json.dumps(nb))
+    path = notebook_with_answers("03_idempotency", wrong, tmp_path)
     res = check(path)
     shutil.rmtree(tmp_path, ignore_errors=True)
     by_task = {t.id: t for t in res.tasks}

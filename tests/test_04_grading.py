@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_accepted, assert_rejected
+from tests.helpers import assert_accepted, assert_rejected, notebook_with_answers
 
 # ============================================================================ get_cached: right
 
@@ -425,21 +423,13 @@ def test_misses_remembered_in_process_memory_are_rejected():
 
 # ============================================================================ the whole notebook
 
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "04_caching" / "04_caching.ipynb"
-
 
 @pytest.mark.slow
 def test_04_course_check_scores_a_wrong_notebook_below_full_marks(tmp_path):
     from autograder.check import check
 
-    nb = json.loads(SOLUTION.read_text())
     wrong = {"get_cached": NO_SINGLE_FLIGHT, "get_user_cached": USER_MISS_WITHOUT_TTL}
-    for cell in nb["cells"]:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in wrong:
-            cell["source"] = wrong[gid]
-    path = tmp_path / "04_caching.ipynb"
-    path.write_text(json.dumps(nb))
+    path = notebook_with_answers("04_caching", wrong, tmp_path)
     res = check(path)
     shutil.rmtree(tmp_path, ignore_errors=True)
     by_task = {t.id: t for t in res.tasks}
