@@ -6,7 +6,8 @@
   during a time window (an outage from t=1 s to t=3 s).
 - :class:`FlakyDependency`: an in-process async callable that follows a schedule.
 - :class:`FlakyService`: a real HTTP server on 127.0.0.1 that follows a schedule
-  (status codes, added latency, a hang, a connection reset), for httpx clients.
+  (status codes, added latency, a hang, a connection reset), for httpx clients; built on
+  :class:`LocalHTTPServer`, which chapter 03's fake payment provider shares.
 - :func:`pause_redis` and :func:`kill_postgres_backend`: faults on the live servers.
 
 Chapter 00 tours them; chapters 01-04 apply them.
@@ -314,35 +315,37 @@ class FlakyDependency:
 
 
 @dataclass
-class Request:
-    index: int
-    at: float  # seconds since the service started
+class HTTPRequest:
+    """One request as a :class:`LocalHTTPServer` read it."""
+
     method: str
     path: str
-    step: Step
+    headers: dict
+    body: bytes
+
+
+@dataclass
+class Reply:
+    """What a :class:`LocalHTTPServer` does with a request: answer, ``reset`` or ``hang``."""
+
+    status: int = 200
+    body: object = None  # sent as JSON
     headers: dict = field(default_factory=dict)
+    action: str = "answer"
 
 
-class FlakyService:
-    """A real HTTP/1.1 server on 127.0.0.1 that answers as its schedule says.
+class LocalHTTPServer:
+    """A small HTTP/1.1 server on 127.0.0.1 with its own event loop in a daemon thread.
 
-    It runs its own event loop in a daemon thread, so sync and async code (and several
-    notebooks' worth of clients) can call it. Steps: ``ok`` (200 and a small JSON body),
-    a status code (with ``Retry-After`` on 429/503), ``slow:S`` (200 after S seconds),
-    ``hang`` (read the request, never answer) and ``reset`` (close with a TCP RST).
-
-        with FlakyService("fail fail ok") as svc:
-            httpx.get(svc.url + "/pay")          # 503, 503, then 200
-
-    Hand-written on asyncio streams rather than an ASGI server because a hang and a
-    connection reset need the raw socket, which ASGI hides.
+    Subclasses say how to answer in :meth:`respond`. It is hand-written on asyncio streams
+    rather than served by an ASGI server because a hang and a connection reset need the
+    raw socket, which ASGI hides. Sync and async code (and several notebooks' worth of
+    clients) can call it.
     """
 
-    def __init__(self, schedule: Schedule | str = "ok", *, retry_after: float = 1.0, name: str = "flaky") -> None:
-        self.schedule = schedule if isinstance(schedule, Schedule) else Schedule(schedule)
-        self.retry_after = retry_after
-        self.name = name
-        self.requests: list[Request] = []
+    name = "local"
+
+    def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -350,8 +353,11 @@ class FlakyService:
         self._started = 0.0
         self.port = 0
 
+    async def respond(self, request: HTTPRequest) -> Reply:
+        raise NotImplementedError
+
     # lifecycle ----------------------------------------------------------------
-    def start(self) -> FlakyService:
+    def start(self):
         ready = threading.Event()
         errors: list[BaseException] = []
 
@@ -370,7 +376,7 @@ class FlakyService:
             loop.run_until_complete(self._close())
             loop.close()
 
-        self._thread = threading.Thread(target=run, name=f"FlakyService-{self.name}", daemon=True)
+        self._thread = threading.Thread(target=run, name=f"{type(self).__name__}-{self.name}", daemon=True)
         self._thread.start()
         ready.wait(10)
         if errors:
@@ -398,25 +404,93 @@ class FlakyService:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
 
-    def __enter__(self) -> FlakyService:
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    async def __aenter__(self) -> FlakyService:
+    async def __aenter__(self):
         return await asyncio.to_thread(self.start)
 
     async def __aexit__(self, *exc) -> None:
         await asyncio.to_thread(self.stop)
 
-    # behaviour ----------------------------------------------------------------
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def elapsed(self) -> float:
+        """Seconds since the server started (or since :meth:`FlakyService.reset_clock`)."""
         return time.monotonic() - self._started
+
+    # the wire -----------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = (lines[0].split(" ", 2) + ["", ""])[:3]
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        k, v = line.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                length = int(headers.get("content-length", "0") or 0)
+                body = await reader.readexactly(length) if length else b""
+                reply = await self.respond(HTTPRequest(method, path, headers, body))
+                if reply.action == "hang":
+                    assert self._stopping is not None
+                    await self._stopping.wait()
+                    return
+                if reply.action == "reset":
+                    sock = writer.get_extra_info("socket")
+                    if sock is not None:  # linger 0: close with a TCP RST, not a FIN
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()
+                    return
+                payload = json.dumps(reply.body).encode()
+                out = f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Status')}\r\n"
+                out += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                out += "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
+                writer.write((out + "\r\n").encode() + payload)
+                await writer.drain()
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, asyncio.CancelledError):
+            pass
+        finally:
+            if not writer.transport.is_closing():
+                writer.close()
+
+
+@dataclass
+class Request:
+    index: int
+    at: float  # seconds since the service started
+    method: str
+    path: str
+    step: Step
+    headers: dict = field(default_factory=dict)
+
+
+class FlakyService(LocalHTTPServer):
+    """A real HTTP/1.1 server on 127.0.0.1 that answers as its schedule says.
+
+    Steps: ``ok`` (200 and a small JSON body), a status code (with ``Retry-After`` on
+    429/503), ``slow:S`` (200 after S seconds), ``hang`` (read the request, never answer)
+    and ``reset`` (close with a TCP RST).
+
+        with FlakyService("fail fail ok") as svc:
+            httpx.get(svc.url + "/pay")          # 503, 503, then 200
+    """
+
+    def __init__(self, schedule: Schedule | str = "ok", *, retry_after: float = 1.0, name: str = "flaky") -> None:
+        super().__init__()
+        self.schedule = schedule if isinstance(schedule, Schedule) else Schedule(schedule)
+        self.retry_after = retry_after
+        self.name = name
+        self.requests: list[Request] = []
 
     def set_schedule(self, schedule: Schedule | str) -> None:
         self.schedule = schedule if isinstance(schedule, Schedule) else Schedule(schedule)
@@ -430,62 +504,23 @@ class FlakyService:
     def count(self) -> int:
         return len(self.requests)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = (lines[0].split(" ", 2) + ["", ""])[:3]
-                headers = {}
-                for line in lines[1:]:
-                    if ":" in line:
-                        k, v = line.split(":", 1)
-                        headers[k.strip().lower()] = v.strip()
-                length = int(headers.get("content-length", "0") or 0)
-                if length:
-                    await reader.readexactly(length)
-                t = self.elapsed()
-                step = self.schedule.next(t)
-                req = Request(len(self.requests), t, method, path, step, headers)
-                self.requests.append(req)
-                if step.kind == "hang":
-                    assert self._stopping is not None
-                    await self._stopping.wait()
-                    return
-                if step.kind == "reset":
-                    sock = writer.get_extra_info("socket")
-                    if sock is not None:
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    writer.transport.abort()
-                    return
-                if step.kind == "slow":
-                    await asyncio.sleep(step.delay)
-                status = step.status if step.kind == "status" else 200
-                body = json.dumps({"request": req.index, "status": status, "service": self.name}).encode()
-                extra = ""
-                if status in (429, 503):
-                    extra = f"Retry-After: {self.retry_after:g}\r\n"
-                writer.write(
-                    (
-                        f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
-                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
-                    ).encode()
-                    + body
-                )
-                await writer.drain()
-                if headers.get("connection", "").lower() == "close":
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-            pass
-        except asyncio.CancelledError:
-            pass
-        finally:
-            if not writer.transport.is_closing():
-                writer.close()
+    async def respond(self, request: HTTPRequest) -> Reply:
+        t = self.elapsed()
+        step = self.schedule.next(t)
+        req = Request(len(self.requests), t, request.method, request.path, step, request.headers)
+        self.requests.append(req)
+        if step.kind in ("hang", "reset"):
+            return Reply(action=step.kind)
+        if step.kind == "slow":
+            await asyncio.sleep(step.delay)
+        status = step.status if step.kind == "status" else 200
+        extra = {"Retry-After": f"{self.retry_after:g}"} if status in (429, 503) else {}
+        return Reply(status, {"request": req.index, "status": status, "service": self.name}, extra)
 
 
 _REASONS = {
     200: "OK",
+    201: "Created",
     400: "Bad Request",
     404: "Not Found",
     408: "Request Timeout",

@@ -19,22 +19,21 @@ then resets the connection before answering (the caller cannot tell whether mone
         client = PaymentsClient(provider.url)
         await client.charge("ada", 1250, idempotency_key="order-1")
 
-Hand-written on asyncio streams (like :class:`course.faults.FlakyService`) so that a
-dropped response can be a real TCP reset.
+Built on :class:`course.faults.LocalHTTPServer` (like ``FlakyService``), so that a
+dropped response is a real TCP reset.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass
 
 import httpx
 
+from course.faults import HTTPRequest, LocalHTTPServer, Reply
 from course.idempotency import ProviderError
 
 
@@ -47,10 +46,13 @@ class ProviderCharge:
     at: float
 
 
-class PaymentProvider:
+class PaymentProvider(LocalHTTPServer):
     """The fake provider. ``charges`` is its statement; ``requests`` counts what it was sent."""
 
+    name = "payments"
+
     def __init__(self, *, latency: float = 0.02) -> None:
+        super().__init__()
         self.latency = latency
         self.charges: list[ProviderCharge] = []
         self.requests = 0
@@ -59,10 +61,6 @@ class PaymentProvider:
         self._drop = 0
         self._fail = 0
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server = None
-        self.port = 0
 
     # faults -------------------------------------------------------------------
     def drop_responses(self, n: int = 1) -> None:
@@ -75,45 +73,6 @@ class PaymentProvider:
 
     def statement(self) -> list[tuple[str, str, int, str | None]]:
         return [(c.id, c.customer, c.amount_cents, c.idempotency_key) for c in self.charges]
-
-    # lifecycle ----------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> PaymentProvider:
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            self._server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-            self.port = self._server.sockets[0].getsockname()[1]
-            ready.set()
-            loop.run_forever()
-            self._server.close()
-            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in tasks:
-                t.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="PaymentProvider", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-
-    def __enter__(self) -> PaymentProvider:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # the API ------------------------------------------------------------------
     async def _charge(self, params: dict, key: str | None) -> tuple[int, dict, dict, bool]:
@@ -155,59 +114,18 @@ class PaymentProvider:
                 self._drop -= 1
         return 200, body, {}, drop
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path = (lines[0].split(" ") + ["", ""])[:2]
-                headers = {}
-                for line in lines[1:]:
-                    if ":" in line:
-                        k, v = line.split(":", 1)
-                        headers[k.strip().lower()] = v.strip()
-                length = int(headers.get("content-length", "0") or 0)
-                raw = await reader.readexactly(length) if length else b""
-                self.requests += 1
-                extra: dict = {}
-                drop = False
-                if method == "POST" and path == "/v1/charges":
-                    try:
-                        params = json.loads(raw or b"{}")
-                    except ValueError:
-                        params = {}
-                    status, body, extra, drop = await self._charge(params, headers.get("idempotency-key"))
-                elif method == "GET" and path == "/v1/charges":
-                    status, body = 200, {"data": [c.__dict__ for c in self.charges]}
-                else:
-                    status, body = 404, {"error": "not_found"}
-                if drop:
-                    sock = writer.get_extra_info("socket")
-                    if sock is not None:
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    writer.transport.abort()
-                    return
-                payload = json.dumps(body).encode()
-                head_out = f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
-                head_out += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                head_out += "".join(f"{k}: {v}\r\n" for k, v in extra.items())
-                writer.write((head_out + "\r\n").encode() + payload)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, asyncio.CancelledError):
-            pass
-        finally:
-            if not writer.transport.is_closing():
-                writer.close()
-
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    409: "Conflict",
-    422: "Unprocessable Content",
-    503: "Service Unavailable",
-}
+    async def respond(self, request: HTTPRequest) -> Reply:
+        self.requests += 1
+        if request.method == "POST" and request.path == "/v1/charges":
+            try:
+                params = json.loads(request.body or b"{}")
+            except ValueError:
+                params = {}
+            status, body, extra, drop = await self._charge(params, request.headers.get("idempotency-key"))
+            return Reply(action="reset") if drop else Reply(status, body, extra)
+        if request.method == "GET" and request.path == "/v1/charges":
+            return Reply(200, {"data": [c.__dict__ for c in self.charges]})
+        return Reply(404, {"error": "not_found"})
 
 
 class PaymentsClient:
