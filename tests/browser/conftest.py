@@ -1,0 +1,167 @@
+"""JupyterLab in a real browser: JupyterLab servers on a copy of the workbook, driven by headless Chromium.
+
+`make test-browser` runs ``tests/browser/setup.sh`` first (Debian's chromium and the playwright
+package, never a browser download), then these tests with ``pytest -p no:xdist``.
+
+Two JupyterLab servers share one temporary copy of the workbook (``solutions/``,
+``notebooks/`` and an nbgrader config made by ``autograder.settings.apply``):
+
+- the learner's: formgrader and the instructor's "Create assignment" toolbar hidden the way
+  docs/INSTRUCTORS.md tells instructors to hide them; the chapters run here;
+- the instructor's: nbgrader's extensions as installed, for formgrader.
+
+Each server gets its own Jupyter config, data, runtime, settings and workspace folders, the
+settings override in ``overrides.json`` (no news, no autosave, every cell in the DOM), and the
+live Redis and PostgreSQL of this test process in its kernels' environment. Servers and their
+kernels are stopped at the end. Screenshots go to ``artifacts/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .jlab import (
+    AFTER_CLOSE,
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    LEARNER_HIDDEN_PLUGINS,
+    LEARNER_SERVER_CONFIG,
+    OPEN_PAGES,
+    REPO,
+    SCREENSHOTS,
+    VENV_BIN,
+    LabServer,
+    chapter_name,
+    run_tool,
+    tool_env,
+)
+
+# ----------------------------------------------------------------------------- reporting
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fresh_screenshots():
+    """Only this run's screenshots in artifacts/screenshots/ (CI keeps the folder)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for old in SCREENSHOTS.glob("*.png"):
+        old.unlink()
+
+
+def pytest_terminal_summary(terminalreporter):
+    shots = sorted(SCREENSHOTS.glob("*.png"))
+    if shots:
+        terminalreporter.write_sep("-", "browser screenshots")
+        terminalreporter.write_line(f"{len(shots)} screenshots in {SCREENSHOTS}:")
+        for shot in shots:
+            terminalreporter.write_line(f"  {shot.relative_to(REPO)}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """When a browser test fails, keep a screenshot of each page it left open."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.when == "call":
+        for n, page in enumerate(list(OPEN_PAGES)):
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.name)
+            try:
+                page.screenshot(path=str(SCREENSHOTS / f"FAILED-{name}-{n}.png"))
+            except Exception:  # noqa: BLE001 - a screenshot must not hide the failure
+                pass
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True)
+def close_pages():
+    """Close the pages a test opened, after its failure screenshot; a notebook's kernel goes with it."""
+    yield
+    while OPEN_PAGES:
+        page = OPEN_PAGES.pop()
+        page.close()
+        AFTER_CLOSE.pop(page, lambda: None)()
+
+
+@pytest.fixture(scope="session")
+def live_env() -> dict[str, str]:
+    """The live servers of this process, for the kernels JupyterLab starts (as ``course lab`` does)."""
+    from course import backends
+
+    return {**backends.servers().as_env(), "COURSE_BACKEND": "env"}
+
+
+@pytest.fixture(scope="session")
+def workbook(tmp_path_factory) -> Path:
+    """A copy of the workbook laid out as the repository, with chapter 00 released to the exchange."""
+    root = tmp_path_factory.mktemp("workbook")
+    for folder in ("solutions", "notebooks"):
+        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+    (root / "nbgrader_config.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from autograder import settings\n"
+        "c = get_config()\n"
+        f"settings.apply(c, {str(root)!r})\n"
+        f"c.Exchange.root = {str(root / '.exchange')!r}\n"
+    )
+    (root / ".exchange").mkdir()
+    first = chapter_name("00")
+    if first:
+        data = tmp_path_factory.mktemp("release-data")
+        run_tool(
+            [str(VENV_BIN / "nbgrader"), "release_assignment", first],
+            env=tool_env({"JUPYTER_DATA_DIR": str(data)}),
+            cwd=root,
+        )
+    return root
+
+
+@pytest.fixture(scope="session")
+def learner_lab(workbook, live_env, tmp_path_factory):
+    """JupyterLab as a learner gets it: nbgrader's assignment list, no formgrader, no "Create assignment"."""
+    server = LabServer("learner", workbook, tmp_path_factory.mktemp("learner-lab"), live_env)
+    for plugin in LEARNER_HIDDEN_PLUGINS:
+        server.jupyter("labextension", "disable", "--level=user", plugin)
+    # `jupyter server extension disable` refuses nbgrader's sub-extensions; this is the documented JSON
+    (server.config_dir / "jupyter_server_config.json").write_text(json.dumps(LEARNER_SERVER_CONFIG, indent=2))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def instructor_lab(workbook, live_env, tmp_path_factory):
+    """JupyterLab as the instructor runs it at the course root: nbgrader's extensions as installed."""
+    server = LabServer("instructor", workbook, tmp_path_factory.mktemp("instructor-lab"), live_env).start()
+    yield server
+    server.stop()
+
+
+# ----------------------------------------------------------------------------- the browser
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory):
+    """Headless Debian Chromium in a fresh profile, through playwright (never a downloaded browser)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no chromium at {CHROMIUM}: run `bash tests/browser/setup.sh` (or `make test-browser`)")
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    context = pw.chromium.launch_persistent_context(
+        str(tmp_path_factory.mktemp("chromium-profile")),
+        executable_path=CHROMIUM,
+        headless=True,
+        args=CHROMIUM_FLAGS,
+        viewport={"width": 1400, "height": 1000},
+    )
+    context.set_default_timeout(30_000)
+    yield context
+    context.close()
+    pw.stop()

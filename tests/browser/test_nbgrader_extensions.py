@@ -1,0 +1,41 @@
+"""nbgrader's JupyterLab extensions: the assignment list for learners, formgrader for the instructor."""
+
+from __future__ import annotations
+
+from autograder.check import chapters
+
+from .jlab import chapter_name, menu, menu_labels, open_lab, screenshot
+
+
+def test_learner_gets_the_assignment_list_and_no_formgrader(learner_lab, browser):
+    page = open_lab(browser, learner_lab)
+    labels = menu_labels(page, "Nbgrader")
+    assert "Assignment List" in labels, f"the Nbgrader menu has {labels}"
+    for hidden in ("Formgrader", "Formgrader (local)", "Create assignment"):
+        assert hidden not in labels, f"a learner's Nbgrader menu still offers {hidden!r}: {labels}"
+    answer = learner_lab.api("GET", "/formgrader")
+    assert answer.status_code == 404, f"/formgrader answers {answer.status_code} on the learner's server"
+
+    released = chapter_name("00")
+    menu(page, "Nbgrader", "nbgrader:open-assignment-list")
+    listing = page.locator("#released_assignments_list")
+    listing.get_by_text(released, exact=True).wait_for(timeout=30_000)
+    assert listing.get_by_role("button", name="Fetch").count() >= 1, listing.inner_text()
+    print(f"screenshot {screenshot(page, 'nbgrader-assignment-list')}")
+
+
+def test_formgrader_lists_the_workbook_assignments(instructor_lab, browser):
+    page = open_lab(browser, instructor_lab)
+    labels = menu_labels(page, "Nbgrader")
+    for wanted in ("Formgrader", "Assignment List", "Create assignment"):
+        assert wanted in labels, f"the instructor's Nbgrader menu lacks {wanted!r}: {labels}"
+    menu(page, "Nbgrader", "nbgrader:open-formgrader")
+    frame = page.frame_locator("iframe[src*='formgrader']")
+    table = frame.locator("table").first
+    names = list(chapters())
+    for name in names:
+        table.get_by_text(name, exact=True).wait_for(timeout=60_000)
+    rows = table.locator("tbody tr").all_inner_texts()
+    listed = [r.split()[0] for r in rows if r.strip() and r.split()[0][:2].isdigit()]
+    assert sorted(listed) == sorted(names), f"formgrader lists {listed}, the workbook has {names}"
+    print(f"screenshot {screenshot(page, 'nbgrader-formgrader')}")
