@@ -10,9 +10,9 @@ from .jlab import chapter_name, menu, menu_labels, open_lab, screenshot
 def test_learner_gets_the_assignment_list_and_no_formgrader(learner_lab, browser):
     page = open_lab(browser, learner_lab)
     labels = menu_labels(page, "Nbgrader")
-    assert "Assignment List" in labels, f"the Nbgrader menu has {labels}"
-    for hidden in ("Formgrader", "Formgrader (local)", "Create assignment"):
-        assert hidden not in labels, f"a learner's Nbgrader menu still offers {hidden!r}: {labels}"
+    assert labels == ["Assignment List", "Course List"], (
+        f"a learner's Nbgrader menu offers {labels}; formgrader and Create assignment should be hidden"
+    )
     answer = learner_lab.api("GET", "/formgrader")
     assert answer.status_code == 404, f"/formgrader answers {answer.status_code} on the learner's server"
 
