@@ -19,8 +19,10 @@ def apply(c, root: str) -> None:
     c.CourseDirectory.autograded_directory = "autograded"
     c.CourseDirectory.feedback_directory = "feedback"
     c.CourseDirectory.db_url = f"sqlite:///{root}/gradebook.db"
-    # everything but the notebook itself stays out of the released folder
-    c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback"]
+    # Files nbgrader never copies between folders. Code files are among them: autograde runs
+    # the kernel beside the submission's other files, so a handed-in `autograder/` or
+    # `course/` package would be imported instead of the real one and grade itself.
+    c.CourseDirectory.ignore = [".ipynb_checkpoints", "__pycache__", "feedback", "*.py", "*.pyc", "*.so", "*.pth"]
     c.Execute.timeout = CELL_TIMEOUT
     c.Execute.interrupt_on_timeout = True
     c.ExecutePreprocessor.timeout = CELL_TIMEOUT

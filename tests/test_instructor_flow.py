@@ -366,11 +366,6 @@ def test_repository_config_is_the_graded_config():
     assert cfg.Exchange.root, "the assignment list needs an exchange folder"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="autograder/settings.py does not yet keep learners' .py/.so files out of the grading folder "
-    "(CourseDirectory.ignore); remove this marker together with that change",
-)
 def test_a_submission_cannot_bring_its_own_autograder(tmp_path):
     """autograde copies every other file of a submission next to the notebook and runs the kernel there,
     so an ``autograder/`` package handed in beside a stub notebook would be imported instead of the
