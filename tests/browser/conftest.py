@@ -126,8 +126,9 @@ def workbook(tmp_path_factory) -> Path:
 def learner_lab(workbook, live_env, tmp_path_factory):
     """JupyterLab as a learner gets it: nbgrader's assignment list, no formgrader, no "Create assignment"."""
     server = LabServer("learner", workbook, tmp_path_factory.mktemp("learner-lab"), live_env)
-    for plugin in LEARNER_HIDDEN_PLUGINS:
-        server.jupyter("labextension", "disable", "--level=user", plugin)
+    # the commands docs/INSTRUCTORS.md gives; `lock` keeps the Plugin Manager from re-enabling them
+    server.jupyter("labextension", "disable", "--level=user", *LEARNER_HIDDEN_PLUGINS)
+    server.jupyter("labextension", "lock", "--level=user", *LEARNER_HIDDEN_PLUGINS)
     # `jupyter server extension disable` refuses nbgrader's sub-extensions; this is the documented JSON
     (server.config_dir / "jupyter_server_config.json").write_text(json.dumps(LEARNER_SERVER_CONFIG, indent=2))
     server.start()

@@ -181,14 +181,15 @@ class LabServer:
 # ----------------------------------------------------------------------------- pages
 
 
-def open_lab(browser, server: LabServer, tree_path: str = ""):
+def open_lab(browser, server: LabServer, tree_path: str = "", *, wait: bool = True):
     """A page on a fresh workspace (a restored one would bring back hidden tabs)."""
     page = browser.new_page()
     OPEN_PAGES.append(page)
     workspace = f"t{time.time_ns()}"
     suffix = f"/tree/{tree_path}" if tree_path else ""
-    page.goto(server.url(f"/lab/workspaces/{workspace}{suffix}?reset"))
-    page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
+    page.goto(server.url(f"/lab/workspaces/{workspace}{suffix}?reset"), wait_until="load" if wait else "commit")
+    if wait:
+        page.locator("#jp-main-dock-panel").wait_for(timeout=60_000)
     return page
 
 
@@ -218,12 +219,18 @@ def screenshot(page, name: str) -> Path:
 class Notebook:
     """A notebook open in JupyterLab; every selector is scoped to the visible notebook panel."""
 
-    def __init__(self, browser, server: LabServer, path: str):
+    def __init__(self, browser, server: LabServer, path: str, *, wait: bool = True):
+        """Open ``path``; with ``wait=False`` call :meth:`ready` later (two notebooks load at once)."""
         self.server, self.path = server, path
-        self.page = open_lab(browser, server, path)
+        self.page = open_lab(browser, server, path, wait=False)
         self.panel = self.page.locator(PANEL)
-        self.panel.wait_for(timeout=60_000)
         AFTER_CLOSE[self.page] = lambda: server.shutdown_kernels(path)
+        if wait:
+            self.ready()
+
+    def ready(self) -> Notebook:
+        """Wait until the notebook is shown and its kernel is idle."""
+        self.panel.wait_for(timeout=60_000)
         self.page.wait_for_function(
             f"document.querySelector('{PANEL} .jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle'",
             timeout=90_000,
@@ -232,6 +239,7 @@ class Notebook:
         current = self.page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
         if current.count():
             current.first.click()
+        return self
 
     # state -------------------------------------------------------------------------------
 
