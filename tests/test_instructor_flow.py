@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 CHAPTERS = chapters()  # assignment name -> solutions/NN_slug/NN_slug.ipynb
 #: per-cell time limit of the course that grades the endless loop (the real one is 120 s)
-SHORT_CELL_TIMEOUT = 20
+SHORT_CELL_TIMEOUT = 10
 #: what a learner might leave in an answer cell: a retry loop waiting for a success that never comes
 ENDLESS = "attempts = 0\nwhile True:  # retry until it works\n    attempts += 1\n"
 
@@ -237,7 +237,14 @@ class Course:
     """A temporary nbgrader course directory laid out like the repository."""
 
     def __init__(self, root: Path, env: dict[str, str], assignments: list[str], *, extra_config: str = ""):
-        self.root, self.env = root, env
+        self.root = root
+        # nbgrader keeps the learners' submission cache and kernels their connection files in Jupyter's
+        # data and runtime folders: keep them in the test's folder, not in the home directory
+        self.env = {
+            **env,
+            "JUPYTER_DATA_DIR": str(root.parent / "jupyter-data"),
+            "JUPYTER_RUNTIME_DIR": str(root.parent / "jupyter-runtime"),
+        }
         self.exchange = root.parent / "exchange"
         self.exchange.mkdir(exist_ok=True)
         self.times: dict[str, float] = {}
