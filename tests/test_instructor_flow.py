@@ -47,6 +47,8 @@ CHAPTERS = chapters()  # assignment name -> solutions/NN_slug/NN_slug.ipynb
 SHORT_CELL_TIMEOUT = 10
 #: what a learner might leave in an answer cell: a retry loop waiting for a success that never comes
 ENDLESS = "attempts = 0\nwhile True:  # retry until it works\n    attempts += 1\n"
+#: a test cell a learner "fixed"
+TAMPERED = "# the checks were too strict\n"
 
 pytestmark = pytest.mark.slow
 
@@ -415,8 +417,9 @@ def test_generate_autograde_feedback_export(assignment, tmp_path, grading_env):
     """Learners hand in the chapter; the CSV says full, zero and partly right.
 
     On the edge chapter the partly right learner also deleted the test cell of a task they
-    solved (nbgrader puts it back and grades it) and left an endless loop in another task's
-    answer cell (the per-cell time limit cuts it; that task scores 0, the later ones are graded).
+    solved (nbgrader puts it back and grades it), left an endless loop in another task's answer
+    cell (the per-cell time limit cuts it; that task scores 0, the later ones are graded) and
+    emptied that task's test cell (nbgrader grades the original).
     """
     edge = assignment == edge_chapter()
     limit = f"c.Execute.timeout = {SHORT_CELL_TIMEOUT}\nc.ExecutePreprocessor.timeout = {SHORT_CELL_TIMEOUT}\n"
@@ -437,7 +440,8 @@ def test_generate_autograde_feedback_export(assignment, tmp_path, grading_env):
     if edge:
         looping, fills["partial"] = plan.loop_fill()
         deleted = next(t for t in plan.tasks if t in plan.solved(fills["partial"]))
-        nb = submission(released, source, fills["partial"], replace={looping: ENDLESS})
+        # the looping task's test cell is also "fixed" by the learner: nbgrader must grade the original
+        nb = submission(released, source, fills["partial"], replace={looping: ENDLESS, f"check_{looping}": TAMPERED})
         nb["cells"] = [c for c in nb["cells"] if _meta(c).get("grade_id") != f"check_{deleted}"]
         notebooks["partial"] = nb
     elif plan.partial_fill() is not None:
@@ -507,4 +511,9 @@ def test_generate_autograde_feedback_export(assignment, tmp_path, grading_env):
         loop_cell = next(c for c in autograded["cells"] if _meta(c).get("grade_id") == looping)
         cut = [f"{o['ename']}: {o['evalue']}" for o in loop_cell.get("outputs", []) if o.get("output_type") == "error"]
         assert cut, f"the endless loop in {looping}'s answer cell shows no error: was it interrupted at all?"
-        print(f"{assignment}: the endless loop in {looping} was cut ({cut[0]}); test cell check_{deleted} restored")
+        test_cell = next(c for c in autograded["cells"] if _meta(c).get("grade_id") == f"check_{looping}")
+        assert _src(test_cell) != TAMPERED, f"the edited test cell check_{looping} was graded as the learner left it"
+        print(
+            f"{assignment}: the endless loop in {looping} was cut ({cut[0]}); "
+            f"test cells check_{deleted} (deleted) and check_{looping} (edited) restored"
+        )
