@@ -20,7 +20,7 @@ lab: $(READY)
 
 ## The whole test suite: course/ units, every chapter notebook, grading contracts, nbgrader flow
 test: $(READY)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 3 --dist loadgroup $(PYTEST_ARGS)
 
 ## JupyterLab driven by headless Chromium (installs chromium and playwright when missing)
 test-browser: $(READY)

@@ -62,7 +62,7 @@ def probe(path: str, cell_timeout: float) -> int:
             if _wait_reply(kc, msg_id, cell_timeout):
                 continue
             km.interrupt_kernel()
-            if _wait_reply(kc, msg_id, 10):
+            if _wait_reply(kc, msg_id, 5):
                 continue
             hanging.append(index)
             kc.stop_channels()

@@ -198,7 +198,7 @@ def down(args) -> int:
         print("no servers of `course up` are running")
         return 0
     os.kill(info["pid"], signal.SIGTERM)
-    for _ in range(200):
+    for _ in range(600):  # PostgreSQL's shutdown can take a while on a busy machine
         try:
             os.kill(info["pid"], 0)
         except ProcessLookupError:

@@ -64,19 +64,9 @@ def test_a_cell_that_swallows_the_interrupt_is_cut_and_graded_zero(tmp_path):
                 pass
     """
     path = notebook_with_answers("00_setup_and_tour", {"count_visit": hang}, tmp_path)
-    env = dict(os.environ, COURSE_CELL_TIMEOUT="3")
+    env = dict(os.environ, COURSE_CELL_TIMEOUT="2")
     proc = course("check", str(path), "--json", env=env)
     assert proc.returncode == 1, proc.stderr
     result = json.loads(proc.stdout)
     assert result["score"] == 0 and result["tasks"][0]["id"] == "count_visit"
     assert "not defined" in result["tasks"][0]["feedback"]
-
-
-def test_json_output_has_the_documented_shape(tmp_path):
-    proc = course("check", str(CH00), "--json")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(proc.stdout)
-    assert set(result) == {"notebook", "score", "max_score", "tasks"}
-    assert result["score"] == result["max_score"] > 0
-    for t in result["tasks"]:
-        assert set(t) == {"id", "points", "max_points", "passed", "feedback"}

@@ -23,7 +23,7 @@ async def test_virtual_sleep_takes_no_real_time_and_moves_the_clock():
     t0 = time.perf_counter()
     await clock.sleep(3600)
     assert clock() == 3600
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 60  # an hour of virtual sleep is not a real hour (bound generous on purpose)
 
 
 async def test_concurrent_sleepers_wake_in_deadline_order_at_their_deadlines():
@@ -143,16 +143,17 @@ def test_flaky_service_reset_and_hang_look_like_network_faults():
 
 
 async def test_flaky_service_serves_async_clients_concurrently():
-    async with FlakyService(
-        "slow:0.2",
-    ) as svc:
-        svc.set_schedule(Schedule("slow:0.2", then="repeat"))
-        async with httpx.AsyncClient() as client:
-            t0 = time.perf_counter()
-            codes = await asyncio.gather(*(client.get(svc.url) for _ in range(10)))
-            elapsed = time.perf_counter() - t0
-    assert [c.status_code for c in codes] == [200] * 10
-    assert elapsed < 1.5  # ten 0.2 s responses overlapped, not queued one by one
+    async with FlakyService(Schedule("hang", then="repeat")) as svc:
+        async with httpx.AsyncClient(timeout=30) as client:
+            calls = [asyncio.ensure_future(client.get(svc.url)) for _ in range(10)]
+            for _ in range(3000):  # all ten reach the server while none has been answered
+                if svc.count == 10:
+                    break
+                await asyncio.sleep(0.01)
+            assert svc.count == 10 and not any(c.done() for c in calls)
+            for c in calls:
+                c.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
 
 
 def test_pause_redis_delays_commands_until_the_pause_ends(ns):
@@ -179,4 +180,4 @@ async def test_two_clocks_on_one_loop_do_not_keep_each_other_busy():
     for _ in range(20):
         await asyncio.gather(a.sleep(1), b.sleep(2))
     assert (a(), b()) == (20, 40)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 60  # before the fix: ~10,000 idle rounds per sleep and clock

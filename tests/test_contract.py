@@ -5,6 +5,9 @@ servers with no error and scores full marks; the generated student notebook runs
 crashing the grader and scores zero on every task.
 """
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,11 +31,21 @@ def test_the_solution_runs_cleanly_and_scores_full_marks(chapter):
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_the_student_notebook_scores_zero_without_crashing_the_grader(chapter):
+    """Through the command a learner runs: `course check --json`, exit 1 and the documented JSON."""
     solution = check.read_notebook(REPO / "solutions" / chapter / f"{chapter}.ipynb")
-    res = check.check(REPO / "notebooks" / chapter / f"{chapter}.ipynb")
-    report = check.render(res)
+    proc = subprocess.run(
+        [sys.executable, "-m", "course.cli", "check", f"notebooks/{chapter}/{chapter}.ipynb", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert set(result) == {"notebook", "score", "max_score", "tasks"}
     graded = [c for c in solution["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
-    assert len(res.tasks) == len(graded), report
-    assert res.score == 0, report
-    assert all(t.feedback for t in res.tasks), report
-    assert not res.notes, report
+    assert len(result["tasks"]) == len(graded), result
+    assert result["score"] == 0 and result["max_score"] > 0, result
+    for task in result["tasks"]:
+        assert set(task) == {"id", "points", "max_points", "passed", "feedback"}
+        assert task["points"] == 0 and not task["passed"] and task["feedback"], task
