@@ -233,10 +233,17 @@ def start_postgres(directory: Path):
     return server, server.get_uri()
 
 
+def new_run_dir(tag: str = "") -> Path:
+    """A folder for embedded servers owned by this process, watched in case the owner dies."""
+    run = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-{tag}", dir=state_dir()))
+    (run / "owner.json").write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
+    _spawn_watchdog(run)
+    return run
+
+
 def _start_embedded(reason: str) -> Servers:
     reap_orphans()
-    run = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=state_dir()))
-    (run / "owner.json").write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
+    run = new_run_dir()
     t0 = time.perf_counter()
     redis_proc, redis_url = start_redis(run / "redis")
     t1 = time.perf_counter()
@@ -251,7 +258,6 @@ def _start_embedded(reason: str) -> Servers:
         stop_embedded(run, redis_proc=redis_proc, pg=pg)
 
     _on_exit(stop)
-    _spawn_watchdog(run)
     return Servers(
         "embedded",
         reason,

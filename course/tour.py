@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from course import backends
 from course.lab import Namespace
@@ -49,7 +47,7 @@ def summarize(samples: list[float]) -> str:
 
 def cold_start() -> dict[str, float]:
     """Start a fresh pair of embedded servers in a temporary folder, time them, stop them."""
-    run = Path(tempfile.mkdtemp(prefix="cold-start-", dir=backends.state_dir()))
+    run = backends.new_run_dir("cold-start-")  # stopped by a watchdog if this kernel is killed meanwhile
     t0 = time.perf_counter()
     proc, _ = backends.start_redis(run / "redis", databases=16)
     t1 = time.perf_counter()
