@@ -12,6 +12,7 @@ by one that raises, and the grading is run again, so only that cell's tasks lose
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -183,14 +184,14 @@ def _run_job(root: Path, assignment: str, timeout: float) -> tuple[bool, str]:
     )
     lines: list[str] = []
     stuck = threading.Event()
+    interrupts = []
 
     def read() -> None:
-        interrupts = 0
         for line in proc.stdout:
             lines.append(line)
             if "Interrupting kernel" in line:
-                interrupts += 1
-                if interrupts >= 2:
+                interrupts.append(line)
+                if len(interrupts) >= 2:
                     stuck.set()
         stuck.set()
 
@@ -201,21 +202,14 @@ def _run_job(root: Path, assignment: str, timeout: float) -> tuple[bool, str]:
         try:
             proc.wait(2)
         except subprocess.TimeoutExpired:
-            with _suppress():
+            with contextlib.suppress(OSError):  # already gone
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             reader.join(5)
-            return False, "grading was stopped: a cell kept running after its time limit\n" + "".join(lines[-20:])
+            why = "a cell kept running after its time limit" if len(interrupts) >= 2 else f"it took over {timeout:g} s"
+            return False, f"grading was stopped: {why}\n" + "".join(lines[-20:])
     reader.join(5)
     return proc.returncode == 0, "".join(lines)
-
-
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return exc[0] is not None and issubclass(exc[0], OSError)
 
 
 def _find_hanging_cells(nb_path: Path, timeout: float) -> list[int]:

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 KINDS = ("env", "docker", "embedded")
@@ -387,7 +387,3 @@ def shutdown() -> None:
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
     _servers = None
-
-
-def describe(s: Servers) -> dict:
-    return asdict(s)
