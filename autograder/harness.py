@@ -161,6 +161,14 @@ class Result:
         return "\n".join([head, *self.lines])
 
 
+def error_line(err: BaseException, limit: int | None = None) -> str:
+    """``TypeName: first line of the message`` (cut to ``limit`` characters), for check reports."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(err).__name__}{': ' + text if text else ''}"
+
+
 def _describe(err: BaseException) -> str:
     """One line for an exception raised by learner code: type, message and where."""
     where = ""

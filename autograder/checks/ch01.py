@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import httpx
 
-from autograder.harness import Report, task
+from autograder.harness import Report, error_line, task
 from course.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
 from course.retry import is_retryable as reference_is_retryable
 from course.retry import live_errors
@@ -781,10 +781,7 @@ FRESH = "Make the dependency, clock and recorders inside the test, so every run 
 
 
 def _short(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    if len(text) > 160:
-        text = text[:157] + "..."
-    return f"{type(err).__name__}{': ' + text if text else ''}"
+    return error_line(err, limit=160)
 
 
 @task(

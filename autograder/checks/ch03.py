@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import psycopg
 
-from autograder.harness import Report, task
+from autograder.harness import Report, error_line, task
 from course import lab
 from course.faults import VirtualClock
 from course.idempotency import (
@@ -159,13 +159,8 @@ class CheckCard:
         return charge_id
 
 
-def _describe(err: BaseException) -> str:
-    text = str(err).splitlines()[0] if str(err) else ""
-    return f"{type(err).__name__}{': ' + text if text else ''}"
-
-
 def _outcomes(results: list) -> str:
-    counts = Counter(_describe(x) if isinstance(x, BaseException) else "a response" for x in results)
+    counts = Counter(error_line(x) if isinstance(x, BaseException) else "a response" for x in results)
     return ", ".join(f"{n} x {what}" for what, n in counts.most_common())
 
 
@@ -335,7 +330,7 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
         reused = False
     except Exception as err:  # noqa: BLE001 - any error is reported
         reused = isinstance(err, IdempotencyKeyReused) or getattr(err, "status", None) == 422
-        outcome = f"raised {_describe(err)}"
+        outcome = f"raised {error_line(err)}"
     r.expect(
         reused,
         f"the same key with a different body ({other}) {outcome}"
@@ -362,7 +357,7 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
             "(after releasing the key)"
         )
     except Exception as err:  # noqa: BLE001
-        r.ok(f"a charge that fails: create_order raised {_describe(err)}")
+        r.ok(f"a charge that fails: create_order raised {error_line(err)}")
     try:
         got = await _retrying(create_order, pool, "key-fail", body, card, clock.sleep, r.random.random)()
         outcome = None
@@ -371,7 +366,7 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
     if outcome is not None:
         stuck = isinstance(outcome, RequestInProgress) or getattr(outcome, "status", None) == 409
         r.fail(
-            f"the next call with the same key raised {_describe(outcome)}"
+            f"the next call with the same key raised {error_line(outcome)}"
             + (
                 f" after {len(clock.sleeps)} retries: the key stayed claimed after the failure, so it is stuck "
                 "forever. Release it (delete the pending row) when the charge fails"
@@ -415,7 +410,7 @@ async def _redeliver(consume, pool, event: dict, attempts: int = 4) -> tuple[boo
         try:
             await consume(pool, event)
         except Exception as err:  # noqa: BLE001 - a failed delivery is redelivered, like a broker would
-            log.append(_describe(err))
+            log.append(error_line(err))
             continue
         return True, log
     return False, log
@@ -481,7 +476,7 @@ async def _check_consume(r: Report, consume, pool, watcher, ns) -> None:
         r.expect(ok, f"a redelivery of {e['event_id']} kept failing: {log}")
     if errors:
         r.note(
-            f"{len(errors)} of the 5 deliveries raised ({', '.join(sorted({_describe(x) for x in errors}))}) "
+            f"{len(errors)} of the 5 deliveries raised ({', '.join(sorted({error_line(x) for x in errors}))}) "
             "and were redelivered"
         )
     balances = await _balances(pool)
