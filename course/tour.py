@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from course import backends
@@ -38,11 +37,6 @@ def round_trips(ns: Namespace, n: int = 200) -> dict[str, list[float]]:
             out["PostgreSQL SELECT 1"].append((time.perf_counter() - t0) * 1000)
     r.close()
     return out
-
-
-def summarize(samples: list[float]) -> str:
-    q = statistics.quantiles(samples, n=100)
-    return f"median {statistics.median(samples):.3f} ms, p99 {q[98]:.3f} ms, max {max(samples):.3f} ms"
 
 
 def cold_start() -> dict[str, float]:
