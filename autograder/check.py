@@ -141,18 +141,6 @@ def _cache_dir(source: Path) -> Path:
     return state_dir() / "check-cache" / f"{source.name}-{digest.hexdigest()[:16]}"
 
 
-def _write_config(root: Path) -> None:
-    (root / "nbgrader_config.py").write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from autograder import settings\n"
-        f"settings.apply(get_config(), {str(root)!r})\n"
-        "c = get_config()\n"
-        "c.CourseDirectory.source_directory = 'source'\n"
-        "c.CourseDirectory.release_directory = 'release'\n"
-    )
-
-
 def _child_env() -> dict:
     """Environment for the grading process: live servers resolved once, here."""
     from course import backends
@@ -306,7 +294,9 @@ def check(path: str | Path, *, timeout: float = settings.RUN_TIMEOUT, keep: bool
 
     root = Path(tempfile.mkdtemp(prefix="course-check-"))
     try:
-        _write_config(root)
+        settings.write_config(
+            root, "c.CourseDirectory.source_directory = 'source'\nc.CourseDirectory.release_directory = 'release'\n"
+        )
         shutil.copytree(
             source_nb.parent, root / "source" / assignment, ignore=shutil.ignore_patterns(".*", "__pycache__")
         )

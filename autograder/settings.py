@@ -30,3 +30,23 @@ def apply(c, root: str) -> None:
     c.ClearSolutions.code_stub = {"python": '# YOUR CODE HERE\nraise NotImplementedError("not done yet")'}
     c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
     c.GenerateAssignment.create_assignment = True
+
+
+def write_config(root, extra: str = ""):
+    """Write ``root/nbgrader_config.py`` for a throwaway course that applies these settings.
+
+    ``extra`` is appended as more config lines (``c`` is the config object). Used by
+    ``course check`` and the tests that drive nbgrader in a temporary folder.
+    """
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    path = Path(root) / "nbgrader_config.py"
+    path.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(repo)!r})\n"
+        "from autograder import settings\n"
+        "c = get_config()\n"
+        f"settings.apply(c, {str(root)!r})\n" + extra
+    )
+    return path

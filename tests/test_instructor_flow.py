@@ -254,14 +254,7 @@ class Course:
             shutil.copytree(
                 REPO / "solutions" / name, root / "solutions" / name, ignore=shutil.ignore_patterns(".*", "__pycache__")
             )
-        (root / "nbgrader_config.py").write_text(
-            "import sys\n"
-            f"sys.path.insert(0, {str(REPO)!r})\n"
-            "from autograder import settings\n"
-            "c = get_config()\n"
-            f"settings.apply(c, {str(root)!r})\n"
-            f"c.Exchange.root = {str(self.exchange)!r}\n" + extra_config
-        )
+        settings.write_config(root, f"c.Exchange.root = {str(self.exchange)!r}\n" + extra_config)
 
     def nbgrader(self, *args: str, cwd: Path | None = None, timeout: float = 900) -> str:
         started = time.perf_counter()

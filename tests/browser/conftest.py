@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from autograder import settings
+
 from .jlab import (
     AFTER_CLOSE,
     CHROMIUM,
@@ -102,14 +104,7 @@ def workbook(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("workbook")
     for folder in ("solutions", "notebooks"):
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns(".*", "__pycache__"))
-    (root / "nbgrader_config.py").write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from autograder import settings\n"
-        "c = get_config()\n"
-        f"settings.apply(c, {str(root)!r})\n"
-        f"c.Exchange.root = {str(root / '.exchange')!r}\n"
-    )
+    settings.write_config(root, f"c.Exchange.root = {str(root / '.exchange')!r}\n")
     (root / ".exchange").mkdir()
     first = chapter_name("00")
     if first:
