@@ -131,7 +131,7 @@ def _cache_dir(source: Path) -> Path:
 
     import nbgrader
 
-    from course.backends import state_dir
+    from course.kit.backends import state_dir
 
     digest = hashlib.sha256(nbgrader.__version__.encode())
     for path in sorted(source.rglob("*")):
@@ -143,7 +143,7 @@ def _cache_dir(source: Path) -> Path:
 
 def _child_env() -> dict:
     """Environment for the grading process: live servers resolved once, here."""
-    from course import backends
+    from course.kit import backends
 
     env = dict(os.environ)
     srv = backends.servers()

@@ -23,6 +23,7 @@ import inspect
 import io
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -49,28 +50,45 @@ class Task:
 
 REGISTRY: dict[str, Task] = {}
 
-#: chapter number -> module with its checks (imported on demand)
-CHAPTER_MODULES = {
-    "00": "autograder.checks.ch00",
-    "01": "autograder.checks.ch01",
-    "02": "autograder.checks.ch02",
-    "03": "autograder.checks.ch03",
-    "04": "autograder.checks.ch04",
-}
+#: Where chapters' checks live: ``autograder/checks/chNN.py`` registers chapter NN's tasks.
+CHECKS_PACKAGE = "autograder.checks"
+
+
+def _chapter_of(module: str) -> str | None:
+    """``"03"`` for ``autograder.checks.ch03``; None for any other module."""
+    match = re.fullmatch(rf"{re.escape(CHECKS_PACKAGE)}\.ch(\d\d)", module)
+    return match.group(1) if match else None
+
+
+def chapters() -> list[str]:
+    """Chapter numbers that have checks, found on disk (``autograder/checks/chNN.py``)."""
+    import pkgutil
+
+    package = importlib.import_module(CHECKS_PACKAGE)
+    found = (_chapter_of(f"{CHECKS_PACKAGE}.{m.name}") for m in pkgutil.iter_modules(package.__path__))
+    return sorted(ch for ch in found if ch)
 
 
 def task(
     task_id: str,
     *,
-    chapter: str,
     points: float,
     title: str,
     needs: tuple[str, ...] | None = None,
     timeout: float = 30.0,
     partial: bool = False,
     seed: int = 0,
+    chapter: str | None = None,
 ):
-    """Register ``async def check(r: Report, *needed)`` as the grader of ``task_id``."""
+    """Register ``async def check(r: Report, *needed)`` as the grader of ``task_id``.
+
+    The chapter is the one of the module the check is written in (``checks/ch03.py`` is
+    chapter 03); ``chapter=`` is only for checks defined elsewhere (the harness's own tests).
+    """
+    caller = sys._getframe(1).f_globals.get("__name__", "")
+    chapter = chapter or _chapter_of(caller)
+    if chapter is None:
+        raise ValueError(f"task {task_id!r} is defined in {caller}, not in {CHECKS_PACKAGE}.chNN: pass chapter=")
 
     def register(fn: Callable) -> Callable:
         if task_id in REGISTRY and REGISTRY[task_id].check.__qualname__ != fn.__qualname__:
@@ -83,21 +101,15 @@ def task(
 
 def load_chapter(chapter: str) -> list[Task]:
     """The tasks of a chapter, in the order the chapter registers them."""
-    module = CHAPTER_MODULES.get(chapter)
-    if module is None:
-        raise KeyError(f"no chapter {chapter!r}; known: {', '.join(CHAPTER_MODULES)}")
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name == module:
-            return []
-        raise
+    if chapter not in chapters():
+        raise KeyError(f"no chapter {chapter!r} has checks; known: {', '.join(chapters())}")
+    importlib.import_module(f"{CHECKS_PACKAGE}.ch{chapter}")
     return [t for t in REGISTRY.values() if t.chapter == chapter]
 
 
 def get_task(task_id: str) -> Task:
     if task_id not in REGISTRY:
-        for chapter in CHAPTER_MODULES:
+        for chapter in chapters():
             load_chapter(chapter)
             if task_id in REGISTRY:
                 break
@@ -123,6 +135,7 @@ class Report:
     failures: int = 0
     fraction: float | None = None  # set by partial-credit checks
     random: random.Random = field(default_factory=random.Random)
+    namespace: dict = field(default_factory=dict, repr=False)  # where the learner's names were found
 
     def note(self, msg: str) -> None:
         self.lines.append(f"  - {msg}")
@@ -136,12 +149,24 @@ class Report:
         if stop:
             raise Stop(msg)
 
-    def expect(self, cond: bool, msg: str, *, stop: bool = True) -> bool:
+    def expect(self, cond: bool, msg: str, fail: str | None = None, *, stop: bool = True) -> bool:
+        """``[ok] msg`` when ``cond`` holds, else ``[FAIL] fail`` (or ``msg``): one observation."""
         if cond:
             self.ok(msg)
         else:
-            self.fail(msg, stop=stop)
+            self.fail(fail or msg, stop=stop)
         return bool(cond)
+
+    def replicas(self, name: str, n: int = 2) -> list:
+        """``n`` independent copies of the learner's ``name``, as ``n`` service replicas.
+
+        Each copy comes from running the answer cell that defined ``name`` again, into its
+        own copy of the notebook's globals: module-level state of that cell (a dict of
+        locks, a set of seen ids, a cache) is made anew for each replica, exactly as two
+        processes of one service would each have their own. State that must be shared
+        between replicas has to live in PostgreSQL or Redis.
+        """
+        return [replica(self.namespace, name) for _ in range(n)]
 
 
 @dataclass
@@ -151,6 +176,7 @@ class Result:
     max_points: float
     lines: list[str]
     seconds: float
+    not_done: bool = False  # the learner's answer is still the stub
 
     @property
     def passed(self) -> bool:
@@ -159,6 +185,56 @@ class Result:
     def text(self) -> str:
         head = f"{self.task}: {self.points:g}/{self.max_points:g} points"
         return "\n".join([head, *self.lines])
+
+
+def cell_source(obj) -> tuple[str, str] | None:
+    """``(filename, source)`` of the cell (or file) that defined ``obj``, if it can be found.
+
+    Works for answer cells run by the grader (registered in :mod:`linecache`), for cells
+    run in a Jupyter kernel (IPython registers them too) and for plain modules.
+    """
+    import linecache
+
+    target = inspect.unwrap(obj) if callable(obj) else obj
+    code = getattr(target, "__code__", None)
+    if code is None and inspect.isclass(target):
+        for member in vars(target).values():
+            member = getattr(member, "__func__", member)
+            if getattr(member, "__code__", None) is not None:
+                code = member.__code__
+                break
+    if code is None:
+        return None
+    lines = linecache.getlines(code.co_filename)
+    return (code.co_filename, "".join(lines)) if lines else None
+
+
+def run_cell(source: str, namespace: dict, filename: str) -> None:
+    """Run a cell's ``source`` in ``namespace`` as ``filename``, kept in :mod:`linecache`
+    so tracebacks show its lines and :meth:`Report.replicas` can run it again."""
+    import linecache
+
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - the learner's answer cell
+
+
+def replica(namespace: dict, name: str):
+    """One fresh copy of ``namespace[name]``: its defining cell run again into a copy of the globals."""
+    import ast
+
+    found = cell_source(namespace[name])
+    if found is None:
+        raise LookupError(f"cannot find the cell that defined {name}; run that cell again")
+    filename, source = found
+    fresh = dict(namespace)
+    code = compile(source, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    result = eval(code, fresh)  # noqa: S307 - the learner's own cell, run again
+    if inspect.iscoroutine(result):
+        result.close()
+        raise LookupError(f"the cell that defines {name} awaits at top level; move the await into a function")
+    if name not in fresh:
+        raise LookupError(f"running the cell that defined {name} again did not define it")
+    return fresh[name]
 
 
 def error_line(err: BaseException, limit: int | None = None) -> str:
@@ -203,7 +279,7 @@ def _stop_thread(worker: threading.Thread, seconds: float = 2.0) -> None:
 def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
     """Run one task's check against names taken from ``namespace``; never raises."""
     start = time.perf_counter()
-    r = Report(t, public=public, random=random.Random(t.seed))
+    r = Report(t, public=public, random=random.Random(t.seed), namespace=namespace)
     missing = [name for name in t.needs if name not in namespace]
     if missing:
         r.fail(f"{', '.join(missing)} is not defined: run the cell that defines it, then this one", stop=False)
@@ -271,7 +347,8 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
         points = round(t.points * max(0.0, min(1.0, r.fraction)), 2)
     else:
         points = t.points if r.failures == 0 and not cut else 0.0
-    return Result(t.id, points, t.points, r.lines, time.perf_counter() - start)
+    not_done = bool(outcome.get("not_done")) and not cut
+    return Result(t.id, points, t.points, r.lines, time.perf_counter() - start, not_done=not_done)
 
 
 # ----------------------------------------------------------------------------- notebook entry points
@@ -307,6 +384,9 @@ def public(task_id: str, namespace: dict | None = None) -> None:
     ns = namespace if namespace is not None else _caller_namespace()
     t = get_task(task_id)
     res = run_task(t, ns, public=True)
+    if res.not_done:  # an unfinished task is not an error: Run All goes on to the next task
+        print(f"{task_id}: not done yet (write your answer in the cell above, then run this cell)")
+        return
     print("\n".join(res.lines))
     if res.passed:
         print(f"{task_id}: {PUBLIC_PASSED}")

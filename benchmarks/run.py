@@ -48,7 +48,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from autograder import check
-    from course import backends
+    from course.kit import backends
 
     srv = backends.servers()  # notebooks and checks below share these servers
     os.environ.update(srv.as_env(), COURSE_BACKEND="env")

@@ -1,8 +1,8 @@
 """Resilient Backend Patterns, a live workbook: the package behind the notebooks.
 
 Each module holds one pattern's reference implementation and names the chapter that
-teaches it; :mod:`course.backends` and :mod:`course.lab` give every run live, isolated
-Redis and PostgreSQL; :mod:`course.faults` holds the fault tools.
+teaches it; :mod:`course.kit.backends` and :mod:`course.kit.lab` give every run live, isolated
+Redis and PostgreSQL; :mod:`course.kit.faults` holds the fault tools.
 """
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """Backpressure (chapter 02): the slow side makes the fast side slow down instead of buffering forever.
 
 :func:`run_pipeline` runs a producer that offers work faster than a consumer can handle it,
-with one of four buffers between them, on a :class:`~course.faults.VirtualClock` (so the
+with one of four buffers between them, on a :class:`~course.kit.faults.VirtualClock` (so the
 run is instant and the same every time) while ``tracemalloc`` measures the real memory the
 buffer holds:
 
@@ -69,7 +69,7 @@ async def run_pipeline(
     """
     import random
 
-    from course.faults import VirtualClock
+    from course.kit.faults import VirtualClock
 
     if mode not in MODES:
         raise ValueError(f"mode is one of {MODES}")

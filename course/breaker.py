@@ -9,7 +9,7 @@
   dependency is sick; other 4xx (and 429) are answers, not illness.
 - :class:`SketchBreaker`: a literal port of the seed's TypeScript sketch, kept to show its
   flaws (every success wipes the counts, every concurrent caller goes through in half-open).
-- :func:`simulate_outage`: the outage timeline on a :class:`~course.faults.VirtualClock`
+- :func:`simulate_outage`: the outage timeline on a :class:`~course.kit.faults.VirtualClock`
   that the chapter's widget re-runs.
 
 Error classification is chapter 01's (:func:`course.retry.is_retryable`, :func:`course.retry.status_of`).
@@ -321,9 +321,9 @@ async def simulate_outage(
     otherwise it answers in ``latency`` s. The server has ``workers`` workers (``None``: no
     limit); a request waits for a free one, and that wait is part of its latency. ``make_breaker(clock)`` builds the breaker (any
     object with ``async call(fn)`` and ``transitions``), or pass ``None`` for no breaker.
-    Runs on a :class:`~course.faults.VirtualClock`: 90 simulated seconds take a blink.
+    Runs on a :class:`~course.kit.faults.VirtualClock`: 90 simulated seconds take a blink.
     """
-    from course.faults import VirtualClock
+    from course.kit.faults import VirtualClock
 
     clock = clock or VirtualClock()
     t0 = clock()
@@ -426,7 +426,7 @@ async def one_for_all(shared: bool, *, seconds: float = 60.0, interval: float = 
     With ``shared=True`` one breaker guards both, so search's timeouts open it for
     payments too; with ``shared=False`` each dependency has its own.
     """
-    from course.faults import VirtualClock
+    from course.kit.faults import VirtualClock
 
     clock = VirtualClock()
     if shared:
@@ -511,13 +511,13 @@ async def half_open_stampede(
 ) -> int:
     """How many of ``callers`` concurrent requests reach a still-down service in half-open.
 
-    Trips ``guarded`` with quick 503s from ``service`` (a :class:`~course.faults.FlakyService`),
+    Trips ``guarded`` with quick 503s from ``service`` (a :class:`~course.kit.faults.FlakyService`),
     waits out the ``cooldown``, makes the service hang and sends ``callers`` requests at once.
     A breaker with a single probe lets 1 through; one that admits everyone lets them all.
     """
     import httpx
 
-    from course.faults import Schedule
+    from course.kit.faults import Schedule
 
     async with httpx.AsyncClient(timeout=timeout) as client:
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from course.faults import FlakyDependency, Schedule, VirtualClock
+from course.kit.faults import FlakyDependency, Schedule, VirtualClock
 
 
 class RetryBudget:

@@ -21,8 +21,8 @@ from typing import TypeVar
 import httpx
 import numpy as np
 
-from course.faults import FlakyService, Schedule
-from course.stats import percentile
+from course.kit.faults import FlakyService, Schedule
+from course.kit.stats import percentile
 
 T = TypeVar("T")
 R = TypeVar("R")

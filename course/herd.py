@@ -328,7 +328,7 @@ async def live_storm(
     max_attempts: int = 12,
     seed: int = 3,
 ) -> StormRun:
-    """``clients`` real httpx clients hit a live :class:`~course.faults.FlakyService` at the same
+    """``clients`` real httpx clients hit a live :class:`~course.kit.faults.FlakyService` at the same
     moment, while it answers 503 for its first ``outage`` seconds, and retry with the
     ``strategy`` from :mod:`course.backoff` (real sleeps: this one runs in real time)."""
     import asyncio
@@ -339,7 +339,7 @@ async def live_storm(
     import httpx
 
     from course.backoff import make
-    from course.faults import FlakyService, Schedule
+    from course.kit.faults import FlakyService, Schedule
 
     backoff = make(strategy, base, cap)
     rng = random.Random(seed)

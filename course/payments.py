@@ -19,7 +19,7 @@ then resets the connection before answering (the caller cannot tell whether mone
         client = PaymentsClient(provider.url)
         await client.charge("ada", 1250, idempotency_key="order-1")
 
-Built on :class:`course.faults.LocalHTTPServer` (like ``FlakyService``), so that a
+Built on :class:`course.kit.faults.LocalHTTPServer` (like ``FlakyService``), so that a
 dropped response is a real TCP reset.
 """
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from course.faults import HTTPRequest, LocalHTTPServer, Reply
 from course.idempotency import ProviderError
+from course.kit.faults import HTTPRequest, LocalHTTPServer, Reply
 
 
 @dataclass

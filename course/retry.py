@@ -175,7 +175,7 @@ async def layered_calls(layers: int, attempts_per_layer: int) -> int:
     Every layer wraps the one below in :func:`with_retry` with ``attempts_per_layer`` tries
     (a virtual clock, so it is instant). Returns how many calls the bottom saw.
     """
-    from course.faults import FlakyDependency, Schedule, VirtualClock
+    from course.kit.faults import FlakyDependency, Schedule, VirtualClock
 
     clock = VirtualClock()
     bottom = FlakyDependency(Schedule("fail", then="repeat"), clock=clock, name="database")
@@ -202,9 +202,9 @@ LIVE_STEPS = ("200", "400", "401", "404", "408", "409", "422", "429", "500", "50
 
 
 async def live_errors(steps=LIVE_STEPS, *, timeout: float = 0.2) -> list[tuple[str, BaseException | None]]:
-    """Call a live :class:`~course.faults.FlakyService` once per step, with httpx, and keep
+    """Call a live :class:`~course.kit.faults.FlakyService` once per step, with httpx, and keep
     the exception each call raised (``raise_for_status`` for statuses; ``None`` for a 2xx)."""
-    from course.faults import FlakyService, Schedule
+    from course.kit.faults import FlakyService, Schedule
 
     out: list[tuple[str, BaseException | None]] = []
     async with FlakyService(Schedule(" ".join(steps)), name="errors") as svc:

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import httpx
 
-from course.faults import FlakyService, Schedule
+from course.kit.faults import FlakyService, Schedule
 
 T = TypeVar("T")
 

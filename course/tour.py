@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from course import backends
-from course.lab import Namespace
+from course.kit import backends
+from course.kit.lab import Namespace
 
 VISITS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS visits (

@@ -17,7 +17,7 @@ if not os.environ.get("COURSE_BROWSER_TESTS"):
 @pytest.fixture
 def ns():
     """A fresh, isolated namespace (database + Redis logical database) for one sync test."""
-    from course import lab
+    from course.kit import lab
 
     with lab.scratch_sync("test") as namespace:
         yield namespace
@@ -26,7 +26,7 @@ def ns():
 @pytest_asyncio.fixture
 async def ans():
     """The same for an async test; pools and clients it hands out are closed afterwards."""
-    from course import lab
+    from course.kit import lab
 
     async with lab.scratch("test") as namespace:
         yield namespace

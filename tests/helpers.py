@@ -6,7 +6,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from autograder.harness import Result, get_task, run_task
+from autograder.harness import Result, get_task, run_cell, run_task
 
 
 def run_source(task_id: str, source: str, extra: dict | None = None) -> Result:
@@ -14,7 +14,7 @@ def run_source(task_id: str, source: str, extra: dict | None = None) -> Result:
     namespace: dict = {"__name__": "__learner__"}
     if extra:
         namespace.update(extra)
-    exec(compile(textwrap.dedent(source), f"<answer {task_id}>", "exec"), namespace)
+    run_cell(textwrap.dedent(source), namespace, f"<answer {task_id} {id(namespace):x}>")
     return run_task(get_task(task_id), namespace)
 
 

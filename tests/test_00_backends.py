@@ -1,4 +1,4 @@
-"""course.backends: which servers are chosen, and that the ones the course starts always stop."""
+"""course.kit.backends: which servers are chosen, and that the ones the course starts always stop."""
 
 import os
 import signal
@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from course import backends
+from course.kit import backends
 
 
 def test_env_urls_win(monkeypatch):
@@ -58,7 +58,7 @@ def test_course_backend_forces_a_kind(monkeypatch):
 OWNER = textwrap.dedent(
     """
     import os, sys, time
-    from course import lab
+    from course.kit import lab
     ns = lab.current("owner")
     print("READY", flush=True)
     mode = sys.argv[1]
@@ -80,7 +80,7 @@ def _server_pids(state: str) -> dict[str, int]:
         "postgres": int((run / "pg" / "postmaster.pid").read_text().split()[0]),
     }
     for proc in psutil.process_iter(attrs=("cmdline",)):
-        if "course._watchdog" in " ".join(proc.info.get("cmdline") or []) and str(run) in proc.info["cmdline"]:
+        if "course.kit.watchdog" in " ".join(proc.info.get("cmdline") or []) and str(run) in proc.info["cmdline"]:
             pids["watchdog"] = proc.pid
     return pids
 

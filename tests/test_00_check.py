@@ -16,7 +16,7 @@ CH00 = REPO / "solutions" / "00_setup_and_tour" / "00_setup_and_tour.ipynb"
 
 def course(*args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "course.cli", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=600
+        [sys.executable, "-m", "course.kit.cli", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=600
     )
 
 

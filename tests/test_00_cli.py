@@ -13,7 +13,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 def course(*args, env=None, timeout=120):
     return subprocess.run(
-        [sys.executable, "-m", "course.cli", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout
+        [sys.executable, "-m", "course.kit.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
     )
 
 

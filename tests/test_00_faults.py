@@ -1,4 +1,4 @@
-"""course.faults: the fault tools behave exactly as chapters rely on."""
+"""course.kit.faults: the fault tools behave exactly as chapters rely on."""
 
 import asyncio
 import time
@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from course.faults import (
+from course.kit.faults import (
     DependencyError,
     FlakyDependency,
     FlakyService,

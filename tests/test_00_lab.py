@@ -1,11 +1,11 @@
-"""course.lab: every run gets its own database and Redis logical database, and gives them back."""
+"""course.kit.lab: every run gets its own database and Redis logical database, and gives them back."""
 
 import json
 
 import psycopg
 import redis as redis_sync
 
-from course import lab
+from course.kit import lab
 
 
 def _databases(admin_url: str) -> set[str]:

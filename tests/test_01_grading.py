@@ -479,7 +479,7 @@ TEST_HEAD = """
 import asyncio
 import random
 import pytest
-from course.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
+from course.kit.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
 """
 
 GOOD_TEST = (

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from course import backoff, budgets, hedging, herd, retry
-from course.faults import DependencyError, FlakyDependency, FlakyService, Schedule, VirtualClock
+from course.kit.faults import DependencyError, FlakyDependency, FlakyService, Schedule, VirtualClock
 
 # ----------------------------------------------------------------------------- backoff
 

@@ -19,7 +19,7 @@ from course.breaker import (
     simulate_outage,
 )
 from course.checkout import Checkout
-from course.faults import DependencyError, FlakyService, Schedule, VirtualClock
+from course.kit.faults import DependencyError, FlakyService, Schedule, VirtualClock
 from course.retry import is_retryable
 
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from course import lab
 from course.bulkhead import MODES, Bulkhead, BulkheadFullError, pool_flood
+from course.kit import lab
 
 
 def run(coro):

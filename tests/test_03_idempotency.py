@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from course import idempotency as idem
-from course import lab, orders_app
+from course import orders_app
+from course.kit import lab
 from course.payments import PaymentProvider, PaymentsClient
 from course.retry import is_retryable
 

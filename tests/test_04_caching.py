@@ -8,7 +8,7 @@ import json
 import pytest
 
 from course import caching
-from course.faults import VirtualClock
+from course.kit.faults import VirtualClock
 
 
 async def _catalog(ns, max_size: int = 10):

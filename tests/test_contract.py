@@ -34,7 +34,7 @@ def test_the_student_notebook_scores_zero_without_crashing_the_grader(chapter):
     """Through the command a learner runs: `course check --json`, exit 1 and the documented JSON."""
     solution = check.read_notebook(REPO / "solutions" / chapter / f"{chapter}.ipynb")
     proc = subprocess.run(
-        [sys.executable, "-m", "course.cli", "check", f"notebooks/{chapter}/{chapter}.ipynb", "--json"],
+        [sys.executable, "-m", "course.kit.cli", "check", f"notebooks/{chapter}/{chapter}.ipynb", "--json"],
         capture_output=True,
         text=True,
         cwd=REPO,

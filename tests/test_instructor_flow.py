@@ -15,7 +15,7 @@ never ends in an answer cell (the per-cell time limit cuts it: that task scores 
 others are graded). The release, submit, collect and feedback round trip through
 nbgrader's exchange is covered once, on the first chapter.
 
-The live servers come from ``course.backends.servers()`` in this process and reach the
+The live servers come from ``course.kit.backends.servers()`` in this process and reach the
 grading kernels through ``REDIS_URL`` / ``DATABASE_URL`` with ``COURSE_BACKEND=env``.
 """
 
@@ -224,7 +224,7 @@ def submission(released: dict, source: dict, fill: set[str], *, replace: dict[st
 @pytest.fixture(scope="module")
 def grading_env() -> dict[str, str]:
     """Environment of the nbgrader commands: the live servers of this process, the venv first on PATH."""
-    from course import backends
+    from course.kit import backends
 
     env = dict(os.environ)
     env.update(backends.servers().as_env())

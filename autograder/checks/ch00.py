@@ -6,11 +6,11 @@ import asyncio
 from collections import Counter
 
 from autograder.harness import Report, task
-from course import lab
+from course.kit import lab
 from course.tour import setup_visits
 
 
-@task("count_visit", chapter="00", points=2, title="count a visit in Redis and PostgreSQL", timeout=30)
+@task("count_visit", points=2, title="count a visit in Redis and PostgreSQL", timeout=30)
 async def check_count_visit(r: Report, count_visit) -> None:
     async with lab.scratch("ch00") as ns:
         pool = await ns.pool(max_size=10)

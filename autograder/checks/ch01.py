@@ -25,7 +25,8 @@ from collections.abc import Callable
 import httpx
 
 from autograder.harness import Report, error_line, task
-from course.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
+from autograder.probes import fmt
+from course.kit.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
 from course.retry import is_retryable as reference_is_retryable
 from course.retry import live_errors
 from course.retry import with_retry as reference_with_retry
@@ -129,10 +130,6 @@ class StatusError(Exception):
         self.status = status
 
 
-def fmt(values) -> str:
-    return "[" + ", ".join(f"{v:.4g}" if isinstance(v, (int, float)) else repr(v) for v in values) + "]"
-
-
 def window(k: int, base: float, cap: float) -> float:
     return min(cap, base * 2**k)
 
@@ -227,8 +224,8 @@ def _retryable_cases() -> list[tuple[str, BaseException, bool]]:
         cases.append((f"an error with status={status}", StatusError(status), True))
     for status in (400, 404, 409, 418, 451):
         cases.append((f"an error with status={status}", StatusError(status), False))
-    cases.append(("course.faults.DependencyError(503)", DependencyError(503), True))
-    cases.append(("course.faults.DependencyError(404)", DependencyError(404), False))
+    cases.append(("course.kit.faults.DependencyError(503)", DependencyError(503), True))
+    cases.append(("course.kit.faults.DependencyError(404)", DependencyError(404), False))
     return cases
 
 
@@ -250,7 +247,7 @@ def _judge(r: Report, is_retryable, cases) -> None:
     r.expect(not wrong, f"{len(cases)} errors classified" + (": wrong for " + "; ".join(wrong) if wrong else ""))
 
 
-@task("is_retryable", chapter="01", points=2, title="classify errors worth another try", timeout=30)
+@task("is_retryable", points=2, title="classify errors worth another try", timeout=30)
 async def check_is_retryable(r: Report, is_retryable) -> None:
     r.note("public: a timeout, a 503, a 404 and a ValueError")
     _judge(
@@ -311,7 +308,6 @@ def _check_final_error(r: Report, what: str, err, value, fn: Raiser) -> None:
 
 @task(
     "with_retry",
-    chapter="01",
     points=4,
     title="retry with capped exponential backoff and full jitter",
     timeout=30,
@@ -786,7 +782,6 @@ def _short(err: BaseException) -> str:
 
 @task(
     "retry_test",
-    chapter="01",
     points=4,
     title="a test of with_retry that catches wrong versions",
     needs=("test_survives_three_of_five_failures",),

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 
 from autograder.harness import Report, task
+from autograder.probes import Spawned
 from course.breaker import CircuitOpenError
 from course.bulkhead import BulkheadFullError
-from course.faults import DependencyError, VirtualClock, _until_idle
+from course.kit.faults import DependencyError, VirtualClock, _until_idle
 
 OUTAGE = (10.0, 40.0)  # the dependency is down from t=10 s to t=40 s: 30 seconds
 COOLDOWN = 10.0
@@ -48,22 +49,6 @@ class Payments:
         return "paid"
 
 
-class Spawned(list):
-    """Tasks a check starts; at the end every one is cancelled or has its outcome retrieved,
-    so no "exception was never retrieved" warning leaks into a later notebook cell."""
-
-    def __call__(self, coro) -> asyncio.Future:
-        fut = asyncio.ensure_future(coro)
-        self.append(fut)
-        return fut
-
-    async def settle(self) -> None:
-        for fut in self:
-            if not fut.done():
-                fut.cancel()
-        await asyncio.gather(*self, return_exceptions=True)
-
-
 async def _attempt(breaker, fn) -> tuple[str, object]:
     """("ok", value), ("open", CircuitOpenError), ("error", the dependency's error) or ("other", err)."""
     try:
@@ -87,7 +72,6 @@ def _seen(outcome: tuple[str, object]) -> str:
 
 @task(
     "circuit_breaker",
-    chapter="02",
     points=6,
     title="circuit breaker: fail fast through a 30-second outage, one probe, recovery",
     needs=("CircuitBreaker",),
@@ -336,7 +320,6 @@ async def _cleanup(*tasks: asyncio.Future) -> None:
 
 @task(
     "bulkhead",
-    chapter="02",
     points=4,
     title="bulkhead: bounded concurrency and queue per dependency",
     needs=("Bulkhead",),

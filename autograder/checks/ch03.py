@@ -15,14 +15,12 @@ import asyncio
 import contextvars
 import json
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import psycopg
 
 from autograder.harness import Report, error_line, task
-from course import lab
-from course.faults import VirtualClock
+from autograder.probes import tally
 from course.idempotency import (
     IdempotencyKeyReused,
     ProviderError,
@@ -33,6 +31,8 @@ from course.idempotency import (
     retry_in_progress,
     setup_schema,
 )
+from course.kit import lab
+from course.kit.faults import VirtualClock
 from course.retry import with_retry
 
 SETTLE_LIMIT = 2.0  # real seconds a crowd may take to settle before the check moves it on anyway
@@ -159,11 +159,6 @@ class CheckCard:
         return charge_id
 
 
-def _outcomes(results: list) -> str:
-    counts = Counter(error_line(x) if isinstance(x, BaseException) else "a response" for x in results)
-    return ", ".join(f"{n} x {what}" for what, n in counts.most_common())
-
-
 def _mentions(value, target: int) -> bool:
     if isinstance(value, bool):
         return False
@@ -205,7 +200,7 @@ def _retrying(create_order, pool, key: str, body: dict, charge, sleep, rand) -> 
     return call
 
 
-@task("create_order", chapter="03", points=6, title="idempotent order creation", timeout=60, seed=303)
+@task("create_order", points=6, title="idempotent order creation", timeout=60, seed=303)
 async def check_create_order(r: Report, create_order) -> None:
     async with lab.scratch("ch03") as ns:
         pool = await ns.pool(max_size=14)
@@ -299,9 +294,9 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
     answers = [x for x in results if not isinstance(x, BaseException)]
     r.expect(
         len(answers) == 10,
-        f"all 10 callers got a response ({_outcomes(results)})"
+        f"all 10 callers got a response ({tally(results, ok='a response')})"
         if len(answers) == 10
-        else f"10 concurrent calls with one key ended with: {_outcomes(results)}; expected 10 responses. "
+        else f"10 concurrent calls with one key ended with: {tally(results, ok='a response')}; expected 10 responses. "
         "A caller that loses the claim returns the stored response, or raises RequestInProgress "
         "while the first call is still running (it is retried)",
     )
@@ -393,7 +388,7 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
         n_orders, n_customers = await cur.fetchone()
     r.expect(
         len(answers) == 100 and len(card.calls) == 100 and n_orders == 100 and n_customers == 100,
-        f"100 distinct keys at once: {len(answers)} responses ({_outcomes(results)}), {len(card.calls)} charges, "
+        f"100 distinct keys at once: {len(answers)} responses ({tally(results, ok='a response')}), {len(card.calls)} charges, "
         f"{n_orders} orders for {n_customers} customers; expected 100 of each",
     )
 
@@ -437,7 +432,7 @@ async def _crowd_deliveries(consume, pool, watcher, ns, events: list[dict], acco
     return crowd, failed, errors
 
 
-@task("consume_payment_event", chapter="03", points=4, title="idempotent consumer", timeout=60, seed=304)
+@task("consume_payment_event", points=4, title="idempotent consumer", timeout=60, seed=304)
 async def check_consume_payment_event(r: Report, consume_payment_event) -> None:
     async with lab.scratch("ch03") as ns:
         pool = await ns.pool(max_size=16)

@@ -18,15 +18,15 @@ import asyncio
 import contextlib
 import itertools
 import json
-import random
 import time
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from autograder.harness import Report, task
-from course import lab
+from autograder.probes import burst, seeded_random, tally
 from course.caching import add_user, setup_users, user_queries
+from course.kit import lab
 
 TTL = 60.0
 _RUNS = itertools.count(1)  # fresh key names per run: a learner's per-key locks belong to one event loop
@@ -159,40 +159,11 @@ class _Source:
         return int(row[0])
 
 
-@contextlib.contextmanager
-def _seeded(r: Report):
-    """Seed the ``random`` module from the report's seed for the check (restored afterwards)."""
-    state = random.getstate()
-    random.seed(r.random.getrandbits(64))
-    try:
-        yield
-    finally:
-        random.setstate(state)
-
-
-async def _burst(n: int, call) -> list:
-    return await asyncio.gather(*(call() for _ in range(n)), return_exceptions=True)
-
-
-def _describe(results: list) -> str:
-    kinds: dict[str, int] = {}
-    for x in results:
-        label = f"{type(x).__name__}: {x}"[:120] if isinstance(x, BaseException) else repr(x)
-        kinds[label] = kinds.get(label, 0) + 1
-    return ", ".join(f"{n} x {label}" for label, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:3])
-
-
-def _check(r: Report, cond: bool, ok: str, fail: str) -> None:
-    """One observation: the ``ok`` line if it holds, else the ``fail`` line (which ends the check)."""
-    r.expect(cond, ok if cond else fail)
-
-
 # ----------------------------------------------------------------------------- get_cached
 
 
 @task(
     "get_cached",
-    chapter="04",
     points=6,
     title="cache-aside with single-flight and jittered TTLs",
     timeout=60,
@@ -204,7 +175,7 @@ async def check_get_cached(r: Report, get_cached) -> None:
         pool = await ns.pool(max_size=12)
         redis = _watched_redis(ns)
         try:
-            with _seeded(r):
+            with seeded_random(r):
                 await _check_get_cached(r, get_cached, pool, redis, f"ch04:{run}")
         finally:
             await redis.aclose()
@@ -217,28 +188,25 @@ async def _check_get_cached(r: Report, get_cached, pool, redis, prefix: str) -> 
     r.note(f"each load is one query that PostgreSQL logs; ttl={TTL:g} s; hot key {hot!r}")
 
     # 1. a stampede on a missing key ------------------------------------------------------
-    got = await _burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
+    got = await burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
     errors = [x for x in got if isinstance(x, BaseException)]
-    _check(
-        r,
+    r.expect(
         not errors,
         "50 concurrent calls on an empty cache all returned",
-        f"50 concurrent calls on an empty cache: {len(errors)} raised ({_describe(errors)})",
+        f"50 concurrent calls on an empty cache: {len(errors)} raised ({tally(errors, top=3)})",
     )
     queries = await src.queries(hot)
-    _check(
-        r,
+    r.expect(
         queries == 1,
         "50 concurrent calls on a missing key made 1 database query",
         f"50 concurrent calls on a missing key made {queries} database queries, expected exactly 1: "
         "concurrent callers of one key must share one load (single-flight)",
     )
     first = {"key": hot, "load": 1}
-    _check(
-        r,
+    r.expect(
         all(v == first for v in got),
         f"all 50 callers got {first}",
-        f"the 50 callers got {_describe(got)}, expected 50 x {first}",
+        f"the 50 callers got {tally(got, top=3)}, expected 50 x {first}",
     )
     if r.public:
         return
@@ -247,67 +215,60 @@ async def _check_get_cached(r: Report, get_cached, pool, redis, prefix: str) -> 
     stored = None
     with contextlib.suppress(TypeError, ValueError):
         stored = json.loads(raw)
-    _check(
-        r,
+    r.expect(
         stored == first,
         f"Redis holds the value as JSON under {hot!r}",
         f"Redis holds {raw!r} under {hot!r}, expected the JSON of {first}",
     )
     pttl = await redis.pttl(hot)
-    _check(
-        r,
+    r.expect(
         pttl > 0,
         f"the key has a TTL ({pttl / 1000:.1f} s)",
         "the key has no TTL (PTTL -1): every key needs one, or a lost invalidation lives forever",
     )
 
     # 2. hits ------------------------------------------------------------------------------
-    got = await _burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
+    got = await burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
     queries = await src.queries(hot)
-    _check(
-        r,
+    r.expect(
         queries == 1 and all(v == first for v in got),
         "50 more calls while the key is cached: no query, all got the cached value",
-        f"50 more calls while the key is cached made {queries - 1} more queries and returned {_describe(got)}, "
+        f"50 more calls while the key is cached made {queries - 1} more queries and returned {tally(got, top=3)}, "
         "expected no query (read Redis first)",
     )
 
     # 3. after expiry ----------------------------------------------------------------------
     await redis.delete(hot)
     r.note("the hot key expires (deleted), then 50 concurrent calls again")
-    got = await _burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
+    got = await burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
     again = await src.queries(hot) - 1
     stuck = " (something outside Redis still holds the old value: a finished load left in the in-flight map?)"
-    _check(
-        r,
+    r.expect(
         again == 1,
         "after expiry: exactly 1 more query",
         f"after expiry the burst made {again} queries, expected exactly 1{stuck if again == 0 else ''}",
     )
     second = {"key": hot, "load": 2}
-    _check(
-        r,
+    r.expect(
         all(v == second for v in got),
         f"all 50 got the fresh value {second}",
-        f"after expiry the callers got {_describe(got)}, expected 50 x {second}",
+        f"after expiry the callers got {tally(got, top=3)}, expected 50 x {second}",
     )
 
     # 4. a load that fails -------------------------------------------------------------------
     flaky = f"{prefix}:flaky"
     src.failing.add(flaky)
-    got = await _burst(20, lambda: get_cached(redis, flaky, TTL, src.loader(flaky)))
+    got = await burst(20, lambda: get_cached(redis, flaky, TTL, src.loader(flaky)))
     saw = [x for x in got if isinstance(x, Exception)]
-    _check(
-        r,
+    r.expect(
         len(saw) == 20,
         "a failing load: all 20 waiting callers got the error",
         f"a failing load: {len(saw)} of 20 callers got an error; the others got "
-        f"{_describe([x for x in got if not isinstance(x, Exception)])} (every caller waiting on the load must see "
+        f"{tally([x for x in got if not isinstance(x, Exception)], top=3)} (every caller waiting on the load must see "
         "its error)",
     )
     leftover = await redis.get(flaky)
-    _check(
-        r,
+    r.expect(
         leftover is None,
         "nothing was cached for the failed load",
         f"after the failed load Redis holds {leftover!r} under the key: an error must not be cached",
@@ -323,8 +284,7 @@ async def _check_get_cached(r: Report, get_cached, pool, redis, prefix: str) -> 
         )
         return
     loaded = await src.queries(flaky) - before
-    _check(
-        r,
+    r.expect(
         loaded == 1 and value == {"key": flaky, "load": 1},
         "the next call after the failure loaded again and returned the value",
         f"the next call after the failure made {loaded} queries and returned {value!r}, expected 1 new load",
@@ -339,46 +299,40 @@ async def _check_get_cached(r: Report, get_cached, pool, redis, prefix: str) -> 
     )
     seconds = time.perf_counter() - t0
     per_key = [await src.queries(k) for k in keys]
-    _check(
-        r,
+    r.expect(
         per_key == [1] * 10,
         "10 keys x 5 concurrent callers: one query per key",
         f"10 keys x 5 concurrent callers: queries per key {per_key}, expected 1 each",
     )
-    _check(
-        r,
+    r.expect(
         src.max_running == 10,
         f"the 10 loads ran at the same time (10 in flight at once, {seconds * 1000:.0f} ms in all)",
         f"at most {src.max_running} of the 10 loads were in flight at once: different keys waited on each other "
         "(one lock for all keys?); keys must not block each other",
     )
     expected = [{"key": k, "load": 1} for k in keys for _ in range(5)]
-    _check(
-        r,
+    r.expect(
         got == expected,
         "each caller got its own key's value",
-        f"callers got {_describe(got)}; expected each key's own value",
+        f"callers got {tally(got, top=3)}; expected each key's own value",
     )
 
     # 6. jittered TTLs ----------------------------------------------------------------------------
     more = [f"{prefix}:j{i}" for i in range(30)]
     await asyncio.gather(*(get_cached(redis, k, TTL, src.loader(k)) for k in more))
     ttls = [await redis.pttl(k) for k in keys + more]
-    _check(
-        r,
+    r.expect(
         min(ttls) > 0,
         "all 40 keys written have a TTL",
         f"{sum(t < 0 for t in ttls)} of 40 keys have no TTL (PTTL {min(ttls)})",
     )
     low, high = min(ttls) / 1000, max(ttls) / 1000
-    _check(
-        r,
+    r.expect(
         low >= TTL - 2 and high <= 1.2 * TTL + 1,
         f"TTLs lie within [{TTL:g}, {1.2 * TTL:g}] s",
         f"TTLs range from {low:.1f} s to {high:.1f} s with ttl={TTL:g}; expected between ttl and 1.2 x ttl",
     )
-    _check(
-        r,
+    r.expect(
         high - low >= 0.05 * TTL,
         f"40 keys written together spread their TTLs over {high - low:.1f} s (jittered)",
         f"40 keys written together expire within {high - low:.2f} s of each other (TTL {low:.1f}-{high:.1f} s): "
@@ -393,7 +347,6 @@ MISS_TTL_LIMIT = 60.0
 
 @task(
     "get_user_cached",
-    chapter="04",
     points=4,
     title="users through the cache, with negative caching",
     timeout=60,
@@ -404,7 +357,7 @@ async def check_get_user_cached(r: Report, get_user_cached) -> None:
         pool = await ns.pool(max_size=10)
         redis = ns.redis()
         await setup_users(pool, n=50)
-        with _seeded(r):
+        with seeded_random(r):
             await _check_get_user_cached(r, get_user_cached, pool, redis)
 
 
@@ -416,16 +369,14 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
     r.note("users 1..50 exist; PostgreSQL counts every query on the users view")
     before = set(await redis.keys("*"))
     user = await get_user_cached(redis, pool, 7)
-    _check(
-        r,
+    r.expect(
         user == _user(7),
         f"get_user_cached(7) returned {user!r}",
         f"get_user_cached(7) returned {user!r}, expected {_user(7)}",
     )
     user_keys = set(await redis.keys("*")) - before
     missing = await get_user_cached(redis, pool, 4242)
-    _check(
-        r,
+    r.expect(
         missing is None,
         "get_user_cached(4242), a missing id, returned None",
         f"get_user_cached(4242), a missing id, returned {missing!r}, expected None",
@@ -436,17 +387,15 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
     q1 = await user_queries(pool)
     got = [await get_user_cached(redis, pool, 7) for _ in range(20)]
     q2 = await user_queries(pool)
-    _check(
-        r,
+    r.expect(
         q2 == q1 and all(g == _user(7) for g in got),
         "20 more lookups of user 7: no query, the cached user",
-        f"20 more lookups of user 7 made {q2 - q1} queries and returned {_describe(got)}, expected no query "
+        f"20 more lookups of user 7 made {q2 - q1} queries and returned {tally(got, top=3)}, expected no query "
         "(cache existing users)",
     )
-    _check(r, bool(user_keys), "looking up user 7 wrote a key to Redis", "looking up user 7 wrote nothing to Redis")
+    r.expect(bool(user_keys), "looking up user 7 wrote a key to Redis", "looking up user 7 wrote nothing to Redis")
     user_ttls = [await redis.pttl(k) for k in user_keys]
-    _check(
-        r,
+    r.expect(
         min(user_ttls) > 0,
         f"the user's key has a TTL ({min(user_ttls) / 1000:.0f} s)",
         "the user's key has no TTL (PTTL -1): every key needs one",
@@ -462,42 +411,36 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
     rest = [await get_user_cached(redis, pool, absent) for _ in range(99)]
     total = await user_queries(pool) - q_start
     answers = [first, *rest]
-    _check(
-        r,
+    r.expect(
         all(x is None for x in answers),
         "100 lookups of missing id 4343 all returned None",
-        f"100 lookups of missing id 4343 returned {_describe(answers)}, expected None",
+        f"100 lookups of missing id 4343 returned {tally(answers, top=3)}, expected None",
     )
     truthiness = " - an empty string or 'null' read back from Redis is a hit: test `is None`, not truthiness"
-    _check(
-        r,
+    r.expect(
         total == q_first,
         f"100 lookups of a missing id made {total} database quer{'y' if total == 1 else 'ies'} (the first lookup only)",
         f"100 lookups of a missing id made {total} database queries, expected {q_first} (the first lookup only): "
         f"cache the miss too (negative caching){truthiness if miss_keys else ''}",
     )
-    _check(
-        r,
+    r.expect(
         bool(miss_keys),
         "the miss was cached in Redis",
         "the miss was not cached in Redis (a cache in process memory is not shared and never invalidated)",
     )
     miss_ttls = [await redis.pttl(k) for k in miss_keys]
     worst = max(miss_ttls)
-    _check(
-        r,
+    r.expect(
         min(miss_ttls) > 0,
         f"the cached miss expires ({worst / 1000:.0f} s)",
         "the cached miss has no TTL (PTTL -1): a user created later would stay 'missing' forever",
     )
-    _check(
-        r,
+    r.expect(
         worst <= MISS_TTL_LIMIT * 1000,
         f"the miss's TTL is short ({worst / 1000:.0f} s <= {MISS_TTL_LIMIT:g} s)",
         f"the miss is cached for {worst / 1000:.0f} s; keep misses short (at most {MISS_TTL_LIMIT:g} s)",
     )
-    _check(
-        r,
+    r.expect(
         worst < min(user_ttls),
         "a miss is kept for less time than a user",
         f"a miss is kept {worst / 1000:.0f} s, a user {min(user_ttls) / 1000:.0f} s: misses should expire sooner",
@@ -506,11 +449,10 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
     q_before = await user_queries(pool)
     got = await asyncio.gather(*(get_user_cached(redis, pool, absent) for _ in range(20)), return_exceptions=True)
     extra = await user_queries(pool) - q_before
-    _check(
-        r,
+    r.expect(
         extra == 0 and all(x is None for x in got),
         "20 concurrent lookups of the cached miss: no query, all None",
-        f"20 concurrent lookups of the cached miss made {extra} queries and returned {_describe(got)}",
+        f"20 concurrent lookups of the cached miss made {extra} queries and returned {tally(got, top=3)}",
     )
 
     # the miss expires and the user now exists -----------------------------------------------
@@ -519,8 +461,7 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
     r.note("user 4343 is created and the cached miss expires (deleted)")
     late = await get_user_cached(redis, pool, absent)
     expected = {"id": absent, "name": "late user", "email": "late@example.com"}
-    _check(
-        r,
+    r.expect(
         late == expected,
         "the next lookup finds the new user",
         f"after the cached miss expired the lookup returned {late!r}, expected {expected} "

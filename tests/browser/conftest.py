@@ -93,7 +93,7 @@ def close_pages():
 @pytest.fixture(scope="session")
 def live_env() -> dict[str, str]:
     """The live servers of this process, for the kernels JupyterLab starts (as ``course lab`` does)."""
-    from course import backends
+    from course.kit import backends
 
     return {**backends.servers().as_env(), "COURSE_BACKEND": "env"}
 

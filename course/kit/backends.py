@@ -29,9 +29,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course.kit import procs
+
 KINDS = ("env", "docker", "embedded")
 
-#: Redis logical databases on servers the course starts; one per namespace (see course.lab).
+#: Redis logical databases on servers the course starts; one per namespace (see course.kit.lab).
 REDIS_DATABASES = 1024
 
 
@@ -236,7 +238,7 @@ def start_postgres(directory: Path):
 def new_run_dir(tag: str = "") -> Path:
     """A folder for embedded servers owned by this process, watched in case the owner dies."""
     run = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-{tag}", dir=state_dir()))
-    (run / "owner.json").write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
+    (run / "owner.json").write_text(json.dumps({**procs.identity(), "created": time.time()}))
     _spawn_watchdog(run)
     return run
 
@@ -291,31 +293,20 @@ def stop_embedded(run: Path, *, redis_proc=None, pg=None) -> None:
 
 
 def _stop_from_pidfile(pidfile: Path, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
-    """Signal the process whose pid heads ``pidfile``; SIGKILL it if still there after ``grace``.
+    """Signal the server whose pid heads ``pidfile``; SIGKILL it if still there after ``grace``.
 
     Used where no handle is left (the watchdog, the reaper): postgres takes SIGINT as its
-    "fast" shutdown, redis-server SIGTERM.
+    "fast" shutdown, redis-server SIGTERM. A pid file outlives its server, and its pid may
+    since belong to another process: only a process of the expected name that started no
+    earlier than the pid file was written is signalled.
     """
     try:
         pid = int(pidfile.read_text().split()[0])
-        os.kill(pid, sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            os.kill(pid, 0)  # raises once it is gone
-            time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
+        written = pidfile.stat().st_mtime
     except (OSError, ValueError, IndexError):
-        pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return
+    name = "postgres" if pidfile.name == "postmaster.pid" else "redis-server"
+    procs.stop(pid, sig=sig, grace=grace, name=name, not_before=written - 5.0)
 
 
 def reap_orphans() -> list[Path]:
@@ -323,10 +314,10 @@ def reap_orphans() -> list[Path]:
     reaped = []
     for run in state_dir().glob("run-*"):
         try:
-            owner = json.loads((run / "owner.json").read_text())["pid"]
-        except (OSError, ValueError, KeyError):
+            owner = json.loads((run / "owner.json").read_text())
+        except (OSError, ValueError):
             owner = None
-        if owner is not None and _alive(owner):
+        if isinstance(owner, dict) and procs.alive(owner):
             continue
         stop_embedded(run)
         reaped.append(run)
@@ -336,7 +327,7 @@ def reap_orphans() -> list[Path]:
 def _spawn_watchdog(run: Path) -> None:
     """A tiny process that stops the servers if this process dies without cleaning up."""
     subprocess.Popen(
-        [sys.executable, "-m", "course._watchdog", str(os.getpid()), str(run)],
+        [sys.executable, "-m", "course.kit.watchdog", json.dumps(procs.identity()), str(run)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -350,6 +341,20 @@ def _spawn_watchdog(run: Path) -> None:
 
 def _on_exit(fn) -> None:
     _stoppers.append(fn)
+    _install_handlers()
+
+
+_before_shutdown: list = []
+
+
+def before_shutdown(fn) -> None:
+    """Run ``fn()`` when this process shuts its servers down, before they stop.
+
+    :mod:`course.kit.lab` registers here to drop its namespaces while the servers still
+    answer; this module never imports it, so imports go one way (lab -> backends).
+    """
+    if fn not in _before_shutdown:
+        _before_shutdown.append(fn)
     _install_handlers()
 
 
@@ -377,9 +382,11 @@ def _install_handlers() -> None:
 def shutdown() -> None:
     """Stop every server this process started (idempotent)."""
     global _servers
-    from course import lab  # namespaces are dropped before their servers stop
-
-    lab.close_all()
+    for fn in list(_before_shutdown):  # namespaces are dropped before their servers stop
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
     while _stoppers:
         fn = _stoppers.pop()
         try:

@@ -4,7 +4,7 @@ A namespace is a PostgreSQL database of its own (created, then dropped) and a Re
 logical database of its own (claimed, flushed, then released), so nothing leaks between
 runs and two runs can go on at once on the same servers.
 
-    from course import lab
+    from course.kit import lab
     ns = lab.current()                 # this process's namespace, made on first use
     pool = await ns.pool()             # psycopg AsyncConnectionPool on its database
     r = ns.redis()                     # redis.asyncio.Redis on its logical database
@@ -30,7 +30,7 @@ import psycopg
 import redis as redis_sync
 from psycopg import sql
 
-from course import backends
+from course.kit import backends, procs
 
 CLAIM_PREFIX = "course:namespace:"
 CLAIM_TTL = 24 * 3600  # a claim whose owner vanished expires after a day at most
@@ -52,19 +52,16 @@ def _database_url_with_name(url: str, name: str) -> str:
 
 
 def _owner() -> dict:
-    return {"host": _HOST, "pid": os.getpid(), "created": time.time()}
+    return {"host": _HOST, **procs.identity(), "created": time.time()}
 
 
 def _owner_dead(owner: dict) -> bool:
+    """Is the process that claimed a namespace gone? Another host's claims age out instead."""
     if owner.get("host") != _HOST:
         return time.time() - owner.get("created", 0) > CLAIM_TTL
-    try:
-        os.kill(int(owner["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, KeyError, ValueError, TypeError):
+    if not owner.get("pid"):
         return False
-    return False
+    return not procs.alive(owner)
 
 
 @dataclass
@@ -78,6 +75,7 @@ class Namespace:
     servers: backends.Servers
     _pools: list = field(default_factory=list, repr=False)
     _clients: list = field(default_factory=list, repr=False)
+    _shared: dict = field(default_factory=dict, repr=False)  # (kind, loop, settings) -> pool or client
     closed: bool = False
 
     @property
@@ -96,27 +94,58 @@ class Namespace:
         return redis_sync.Redis.from_url(self.redis_url, **kwargs)
 
     # async helpers ------------------------------------------------------------
-    def redis(self, **kwargs):
+    #
+    # A notebook cell that says ``pool = await ns.pool()`` runs again whenever the learner
+    # re-runs the notebook. Pools and clients are therefore shared: the same settings on
+    # the same event loop give back the same open pool, so the number of connections stays
+    # the same however often a notebook runs. ``fresh=True`` gives a pool of its own,
+    # which the code that asked for it closes (``async with await ns.pool(fresh=True) as p``).
+
+    def _reuse(self, key):
+        found = self._shared.get(key)
+        if found is None:
+            return None
+        if getattr(found, "closed", False):
+            del self._shared[key]
+            return None
+        return found
+
+    def redis(self, *, fresh: bool = False, **kwargs):
         """A ``redis.asyncio.Redis`` client on this namespace's logical database."""
+        import asyncio
+
         import redis.asyncio as aioredis
 
         kwargs.setdefault("decode_responses", True)
+        key = ("redis", _loop_id(asyncio), repr(sorted(kwargs.items())))
+        if not fresh and (client := self._reuse(key)) is not None:
+            return client
         client = aioredis.Redis.from_url(self.redis_url, **kwargs)
         self._clients.append(client)
+        if not fresh:
+            self._shared[key] = client
         return client
 
-    async def pool(self, min_size: int = 1, max_size: int = 10, **kwargs):
+    async def pool(self, min_size: int = 1, max_size: int = 10, *, fresh: bool = False, **kwargs):
         """An opened ``psycopg_pool.AsyncConnectionPool`` on this namespace's database."""
+        import asyncio
+
         from psycopg_pool import AsyncConnectionPool
 
         kwargs.setdefault("kwargs", {"autocommit": True})
+        key = ("pool", _loop_id(asyncio), min_size, max_size, repr(sorted(kwargs.items())))
+        if not fresh and (pool := self._reuse(key)) is not None:
+            return pool
         pool = AsyncConnectionPool(self.database_url, min_size=min_size, max_size=max_size, open=False, **kwargs)
         await pool.open(wait=True)
         self._pools.append(pool)
+        if not fresh:
+            self._shared[key] = pool
         return pool
 
     async def aclose(self) -> None:
         """Close the pools and clients handed out (the namespace itself stays)."""
+        self._shared.clear()
         while self._pools:
             await self._pools.pop().close()
         while self._clients:
@@ -133,6 +162,13 @@ class Namespace:
         self.closed = True
         _drop_database(self.servers.database_url, self.name)
         _release_redis_db(self.servers.redis_url, self.redis_db)
+
+
+def _loop_id(asyncio) -> int | None:
+    try:
+        return id(asyncio.get_running_loop())
+    except RuntimeError:
+        return None
 
 
 # ----------------------------------------------------------------------------- PostgreSQL
@@ -255,13 +291,20 @@ def create(label: str = "run") -> Namespace:
     )
     with _lock:
         _open.append(ns)
-    backends._install_handlers()
+    backends.before_shutdown(close_all)
     return ns
 
 
 def current(label: str | None = None) -> Namespace:
-    """This process's namespace (a notebook kernel's), made on first use."""
+    """This process's namespace (a notebook kernel's), made on first use.
+
+    Inside Jupyter it also makes errors from unfinished answers read as one line
+    (:mod:`course.kit.notebook`).
+    """
     global _current
+    from course.kit import notebook
+
+    notebook.install()
     with _lock:
         existing = _current
     if existing is not None and not existing.closed:

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 REQUIREMENTS = [
     ("jupyterlab", "jupyterlab"),
@@ -71,7 +71,7 @@ def doctor(args) -> int:
         print("fix the lines above first; not touching the servers")
         return 1
 
-    from course import backends, lab
+    from course.kit import backends, lab
 
     try:
         kind, reason = backends.choose()
@@ -128,7 +128,7 @@ def doctor(args) -> int:
 
 
 def _up_file() -> Path:
-    from course import backends
+    from course.kit import backends
 
     return backends.state_dir() / "up.json"
 
@@ -137,20 +137,23 @@ def _read_up() -> dict | None:
     path = _up_file()
     if not path.exists():
         return None
+    from course.kit import procs
+
     try:
         info = json.loads(path.read_text())
-        os.kill(info["pid"], 0)
-        return info
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError):
+        info = None
+    if not isinstance(info, dict) or not procs.alive(info):
         path.unlink(missing_ok=True)
         return None
+    return info
 
 
 def up(args) -> int:
     info = _read_up()
     if info is None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "course.cli", "_serve"],
+            [sys.executable, "-m", "course.kit.cli", "_serve"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -179,10 +182,12 @@ def up(args) -> int:
 
 def _serve(args) -> int:
     """Hold the servers until SIGTERM (the process behind ``course up``)."""
-    from course import backends
+    from course.kit import backends
 
     srv = backends.servers()
-    info = {"pid": os.getpid(), "kind": srv.kind, "redis_url": srv.redis_url, "database_url": srv.database_url}
+    from course.kit import procs
+
+    info = {**procs.identity(), "kind": srv.kind, "redis_url": srv.redis_url, "database_url": srv.database_url}
     _up_file().write_text(json.dumps(info))
     try:
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
@@ -197,22 +202,20 @@ def down(args) -> int:
     if info is None:
         print("no servers of `course up` are running")
         return 0
+    from course.kit import procs
+
     os.kill(info["pid"], signal.SIGTERM)
-    for _ in range(600):  # PostgreSQL's shutdown can take a while on a busy machine
-        try:
-            os.kill(info["pid"], 0)
-        except ProcessLookupError:
-            print(f"servers stopped (pid {info['pid']})")
-            return 0
-        time.sleep(0.05)
-    os.kill(info["pid"], signal.SIGKILL)
+    if procs.wait_gone(info["pid"], 30):  # PostgreSQL's shutdown can take a while on a busy machine
+        print(f"servers stopped (pid {info['pid']})")
+        return 0
+    procs.stop(info["pid"], sig=signal.SIGKILL, grace=5)
     print(f"servers killed (pid {info['pid']})")
     return 0
 
 
 def lab_cmd(args) -> int:
     """Servers owned by this process, JupyterLab with them in its environment."""
-    from course import backends
+    from course.kit import backends
 
     srv = backends.servers()
     env = dict(os.environ, **srv.as_env(), COURSE_BACKEND="env")
