@@ -124,26 +124,28 @@ class Snapshot:
 
     # ------------------------------------------------------------------ comparing
 
-    def changes(self) -> list[str]:
+    # The builtins used below are bound when this module is imported (as default values), so
+    # a learner who replaces ``sorted`` or ``vars`` cannot blind the comparison itself.
+    def changes(self, _vars=vars, _set=set, _sorted=sorted, _getattr=getattr, _modules=sys.modules) -> list[str]:
         """What differs from the snapshot, one short phrase each (empty when nothing does)."""
         found = []
         for name, module in self.modules.items():
-            now = sys.modules.get(name, _MISSING)
+            now = _modules.get(name, _MISSING)
             if now is not module:
                 found.append(f"sys.modules[{name!r}] was {'removed' if now is _MISSING else 'replaced'}")
         for holder, attr, value in self.attrs.values():
-            now = vars(holder).get(attr, _MISSING)
+            now = _vars(holder).get(attr, _MISSING)
             if now is not value:
                 what = "deleted" if now is _MISSING else "replaced"
                 found.append(f"{_name(holder)}.{attr} was {what}")
         for holder, before in self.keys.values():
-            added = sorted(set(vars(holder)) - before)
-            added = [a for a in added if not (a.startswith("__") and a.endswith("__") and a in _HARMLESS)]
+            current = _vars(holder)
+            added = [a for a in _sorted(_set(current) - before) if not _harmless(holder, a, current[a])]
             if added:
                 found.append(f"{_name(holder)} gained {', '.join(added[:3])}")
         for fn, parts in self.functions.values():
             for part, value in parts.items():
-                if getattr(fn, part) is not value:
+                if _getattr(fn, part) is not value:
                     found.append(f"{_name(fn)}.{part} was replaced")
         return found
 
@@ -153,7 +155,7 @@ class Snapshot:
             sys.modules[name] = module
         for holder, before in self.keys.values():
             for attr in set(vars(holder)) - before:
-                if attr in _HARMLESS:
+                if _harmless(holder, attr, vars(holder)[attr]):
                     continue
                 try:
                     delattr(holder, attr)
@@ -176,6 +178,15 @@ class Snapshot:
 
 #: Dunder names Python itself adds to modules and classes at run time.
 _HARMLESS = frozenset({"__warningregistry__", "__annotations__", "__abstractmethods__", "_abc_impl"})
+
+
+def _harmless(holder, attr: str, value, _isinstance=isinstance, _modules=sys.modules) -> bool:
+    """Additions Python makes by itself: a package gains each submodule imported later."""
+    if attr in _HARMLESS:
+        return True
+    if _isinstance(holder, types.ModuleType) and _isinstance(value, types.ModuleType):
+        return _modules.get(f"{holder.__name__}.{attr}") is value and value.__name__ == f"{holder.__name__}.{attr}"
+    return False
 
 
 def _name(obj) -> str:

@@ -101,6 +101,21 @@ def run_cell(source: str, namespace: dict, filename: str, loop: asyncio.Abstract
         signal.signal(signal.SIGALRM, previous)
 
 
+def _preload() -> None:
+    """Import the toolkit and every pattern module, so the snapshot covers what checks import lazily."""
+    import importlib
+    import pkgutil
+
+    import course
+    import course.kit
+
+    for package in (course, course.kit):
+        for module in pkgutil.iter_modules(package.__path__):
+            if not module.ispkg:
+                with contextlib.suppress(Exception):
+                    importlib.import_module(f"{package.__name__}.{module.name}")
+
+
 def main() -> int:
     results_fd = int(sys.argv[1])
     job = json.loads(sys.stdin.read())
@@ -117,6 +132,7 @@ def main() -> int:
     from autograder import harness, integrity
 
     tasks = {t.id: t for t in harness.load_chapter(job["chapter"])}
+    _preload()  # every pattern and tool a check could import later is in the snapshot too
     run_task = harness.run_task
     snapshot_cls = integrity.Snapshot
     summarize = integrity.summary
@@ -141,15 +157,21 @@ def main() -> int:
             continue
         buffer = io.StringIO()
         filename = cell_filename(kind, cell_id)
-        error = None
+        failure = None
         started = time.perf_counter()
         try:
             with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
                 run_cell(cell["source"], namespace, filename, loop, timeout)
         except BaseException as err:  # noqa: BLE001 - learner code may raise anything, even SystemExit
-            error = _error_text(err, filename)
+            failure = err
         finally:
             sys.stdout, sys.stderr = real_stdout, real_stderr
+        if kind == "answer" and snapshot is not None:
+            changed = snapshot.changes()  # first, before anything here leans on what it may have patched
+            if changed:
+                snapshot.restore()
+                tampered[cell_id] = summarize(changed)
+        error = _error_text(failure, filename) if failure is not None else None
         emit(
             {
                 "event": "cell",
@@ -158,14 +180,10 @@ def main() -> int:
                 "ok": error is None,
                 "stdout": buffer.getvalue()[-4000:],
                 "error": error,
+                "tampered": tampered.get(cell_id),
                 "seconds": round(time.perf_counter() - started, 3),
             }
         )
-        if kind == "answer" and snapshot is not None:
-            changed = snapshot.changes()
-            if changed:
-                tampered[cell_id] = summarize(changed)
-                snapshot.restore()
 
     if snapshot is None:
         snapshot = snapshot_cls.take()
@@ -176,8 +194,8 @@ def main() -> int:
         result = run_task(tasks[task_id], namespace)
         changed = snapshot.changes()
         if changed:
-            tampered.setdefault(task_id, summarize(changed))
             snapshot.restore()
+            tampered.setdefault(task_id, summarize(changed))
         verdict = {
             "event": "task",
             "id": task_id,

