@@ -217,14 +217,12 @@ def down(args) -> int:
     return 0
 
 
-def lab_cmd(args) -> int:
-    """Servers owned by this process, JupyterLab with them in its environment."""
-    from course.kit import backends
+#: Jupyter config for a learner's lab: nbgrader's instructor tools and JupyterLab's news hidden.
+LEARNER_CONFIG = Path(__file__).resolve().parent / "jupyter" / "learner"
 
-    srv = backends.servers()
-    env = dict(os.environ, **srv.as_env(), COURSE_BACKEND="env")
-    print(f"live servers ({srv.kind}): REDIS_URL={srv.redis_url}")
-    print(f"                      DATABASE_URL={srv.database_url}")
+
+def lab_command(jupyter_args: list[str], *, instructor: bool = False, root: bool | None = None) -> tuple[list, dict]:
+    """The ``jupyter lab`` command line and the environment changes ``course lab`` uses."""
     first = "notebooks/00_setup_and_tour/00_setup_and_tour.ipynb"
     cmd = [
         sys.executable,
@@ -233,8 +231,29 @@ def lab_cmd(args) -> int:
         "lab",
         f"--notebook-dir={REPO}",
         f"--ServerApp.default_url=/lab/tree/{first}",
-        *args.jupyter_args,
     ]
+    if os.geteuid() == 0 if root is None else root:
+        cmd.append("--allow-root")
+    env = {}
+    if not instructor:
+        path = os.environ.get("JUPYTER_CONFIG_PATH")
+        env["JUPYTER_CONFIG_PATH"] = str(LEARNER_CONFIG) + (os.pathsep + path if path else "")
+    return cmd + list(jupyter_args), env
+
+
+def lab_cmd(args) -> int:
+    """Servers owned by this process, JupyterLab with them in its environment."""
+    from course.kit import backends
+
+    srv = backends.servers()
+    cmd, extra_env = lab_command(args.jupyter_args, instructor=args.instructor)
+    env = dict(os.environ, **srv.as_env(), COURSE_BACKEND="env", **extra_env)
+    print(f"live servers ({srv.kind}): REDIS_URL={srv.redis_url}")
+    print(f"                      DATABASE_URL={srv.database_url}")
+    if "--allow-root" in cmd:
+        print("running as root (a container or a cloud VM?): starting JupyterLab with --allow-root")
+    if args.instructor:
+        print("instructor's lab: formgrader and Create Assignment are available (Nbgrader menu)")
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
 
     def on_sigterm(signum, frame):  # noqa: ARG001 - stop JupyterLab (and its kernels) first
@@ -311,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop the servers of `course up`").set_defaults(fn=down)
     sub.add_parser("_serve").set_defaults(fn=_serve)
     p = sub.add_parser("lab", help="JupyterLab on the workbook with live servers (other options go to jupyter lab)")
+    p.add_argument("--instructor", action="store_true", help="keep nbgrader's formgrader and Create Assignment")
     p.set_defaults(fn=lab_cmd)
     p = sub.add_parser("check", help="grade a chapter notebook as the instructor would")
     p.add_argument("path", help="a chapter notebook (.ipynb)")
