@@ -62,7 +62,7 @@ def doctor(args) -> int:
         print(f"[{'OK' if ok else 'FAIL'}] {text}", flush=True)
 
     py = sys.version_info
-    line(py >= (3, 10), f"Python {py.major}.{py.minor}.{py.micro} (needs >= 3.10) at {sys.executable}")
+    line(py >= (3, 11), f"Python {py.major}.{py.minor}.{py.micro} (needs >= 3.11) at {sys.executable}")
     for dist, module in REQUIREMENTS:
         try:
             with warnings.catch_warnings():
