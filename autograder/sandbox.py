@@ -552,11 +552,17 @@ class Sandbox:
         for name in ("passwd", "group", "hosts"):
             args += ["--ro-bind", str(self._tmp / "etc" / name), f"/etc/{name}"]
         binds = [("--ro-bind", p) for p in self.readonly] + [("--bind", self.workdir)]
+        # a bind deep under /tmp would get its parents made in the writable /tmp: give them a read-only tmpfs
+        skeletons = sorted({Path(*p.parts[:3]) for _, p in binds if p.parts[1:2] == ("tmp",) and len(p.parts) > 3})
+        for d in skeletons:
+            args += ["--tmpfs", str(d)]
         for flag, p in sorted(binds, key=lambda b: len(b[1].parts)):
             args += [flag, str(p), str(p)]
         for r in self._routes:
             args += ["--bind", str(r.socket), str(r.inside)]
-        return [*args, "--remount-ro", "/", "--chdir", str(cwd), "--", *argv]
+        for d in [*skeletons, Path("/")]:
+            args += ["--remount-ro", str(d)]
+        return [*args, "--chdir", str(cwd), "--", *argv]
 
     # ---------------------------------------------------------------- running
 
@@ -627,7 +633,7 @@ class Sandbox:
         """Why the run failed, as one line for the learner's feedback; None if it succeeded or no limit explains it.
 
         Pass the program's return code (None: unknown) and, if you captured it, its stderr: without
-        cgroups (an unprivileged instructor) a memory or process limit shows only there.
+        cgroups (an unprivileged instructor) a memory or process limit shows only there (best effort).
         """
         lim = self.limits
         text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
@@ -649,10 +655,13 @@ class Sandbox:
         for pattern, line in (
             (r"File too large", f"the sandbox's file size limit ({lim.file_mb} MB) was reached"),
             (r"MemoryError|Cannot allocate memory", memory),
-            (r"can't start new thread|(fork|spawn|[Tt]hread|Popen)[\s\S]*Resource temporarily unavailable", processes),
+            (
+                r"can't start new thread|fork[\s\S]*Resource temporarily unavailable|^BlockingIOError: \[Errno 11\]",
+                processes,
+            ),
             (r"Too many open files", f"the sandbox's open files limit ({lim.open_files}) was reached"),
         ):
-            if re.search(pattern, text):
+            if re.search(pattern, text, re.M):
                 return line
         with contextlib.suppress(ValueError):
             return f"the program was killed by {signal.Signals(sig).name}" if sig else None
