@@ -1,17 +1,12 @@
-"""Run learner code in a sandbox: bubblewrap namespaces, cgroups and rlimits.
+"""Run learner code in a sandbox: bubblewrap namespaces, cgroups and rlimits (standard library only).
 
-Every place that grades starts ``python -m autograder.runner`` through :class:`Sandbox`.
-Inside, the program sees its ``workdir`` (read-write), the ``readonly`` paths at their real
+Inside, a program sees its ``workdir`` (read-write), the ``readonly`` paths at their real
 paths, the system directories a Python process needs, a private ``/proc``, ``/dev`` and
-``/tmp``; nothing else of the host's files. It has no network but its own loopback; the
-course's servers appear as unix sockets under ``/run/course`` (a TCP server is reached
-through a small forwarder in this process), and ``REDIS_URL`` / ``DATABASE_URL`` are
-rewritten to them. Memory, processes, CPU time, file size and open files are bounded:
-as root with cgroups (v2 when a delegated cgroup2 has memory and pids, else v1) plus
-rlimits, as an unprivileged user with rlimits alone. docs/SANDBOX.md says what this
-guarantees and what it does not.
-
-This module uses the standard library only, so an instructor's system Python can import it.
+``/tmp``. It has no network but its own loopback: the course's servers appear as unix
+sockets under ``/run/course`` (TCP servers through a forwarder in this process), with
+``REDIS_URL`` / ``DATABASE_URL`` rewritten to them. Memory, processes, CPU time, file size
+and open files are bounded: as root by cgroups (v2 when a delegated cgroup2 has memory and
+pids, else v1) and rlimits, as a user by rlimits. docs/SANDBOX.md: what it guarantees, what not.
 """
 
 from __future__ import annotations
@@ -42,6 +37,10 @@ MB = 1024 * 1024
 _BWRAP_OWN = 3  # bwrap's monitor and init processes, counted against the process limit
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
+_UNSANDBOXED = (
+    "grading WITHOUT a sandbox: learner code runs with your rights and can read solutions/, "
+    "the gradebook, other submissions and your home folder, and reach the network; only resource limits apply"
+)
 _INSTALL = (
     "Install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap), or grade without a "
     "sandbox by passing the explicit unsandboxed flag, knowing that learner code then runs with your rights"
@@ -471,7 +470,9 @@ class Sandbox:
         except BaseException:
             self.close()
             raise
-        self.warning = self._warning()
+        self.warning = _UNSANDBOXED if unsandboxed else ""
+        if os.geteuid() == 0 and not (self._cgroups and "pids" in self._cgroups.dirs):
+            self.warning += "; " * bool(self.warning) + "the process limit is not enforced: root without a pids cgroup"
 
     # ---------------------------------------------------------------- what it is
 
@@ -482,18 +483,6 @@ class Sandbox:
         if self._cgroups and self._cgroups.dirs:
             parts.append(f"cgroup v{self._cgroups.version} ({', '.join(sorted(self._cgroups.dirs))})")
         return "; ".join([*parts, "rlimits (" + ", ".join(name for name, _, _ in self._rlimits()) + ")"])
-
-    def _warning(self) -> str:
-        notes = []
-        if self.unsandboxed:
-            notes.append(
-                "grading WITHOUT a sandbox: learner code runs with your rights and can read solutions/, "
-                "the gradebook, other submissions and your home folder, and reach the network; only resource limits apply"
-            )
-        cg = self._cgroups.dirs if self._cgroups else {}
-        if os.geteuid() == 0 and "pids" not in cg:
-            notes.append("the process limit is not enforced: running as root without a writable pids cgroup")
-        return "; ".join(notes)
 
     def env(self) -> dict[str, str]:
         """The whole environment of a program in the sandbox (nothing is inherited from this process)."""
@@ -554,14 +543,12 @@ class Sandbox:
         binds = [("--ro-bind", p) for p in self.readonly] + [("--bind", self.workdir)]
         # a bind deep under /tmp would get its parents made in the writable /tmp: give them a read-only tmpfs
         skeletons = sorted({Path(*p.parts[:3]) for _, p in binds if p.parts[1:2] == ("tmp",) and len(p.parts) > 3})
-        for d in skeletons:
-            args += ["--tmpfs", str(d)]
+        args += [a for d in skeletons for a in ("--tmpfs", str(d))]
         for flag, p in sorted(binds, key=lambda b: len(b[1].parts)):
             args += [flag, str(p), str(p)]
         for r in self._routes:
             args += ["--bind", str(r.socket), str(r.inside)]
-        for d in [*skeletons, Path("/")]:
-            args += ["--remount-ro", str(d)]
+        args += [a for d in [*skeletons, "/"] for a in ("--remount-ro", str(d))]
         return [*args, "--chdir", str(cwd), "--", *argv]
 
     # ---------------------------------------------------------------- running
@@ -569,10 +556,8 @@ class Sandbox:
     def _rlimits(self) -> list[tuple[str, int, tuple[int, int]]]:
         lim, r = self.limits, resource
         cg = self._cgroups.dirs if self._cgroups else {}
-        cpu_hard = r.getrlimit(r.RLIMIT_CPU)[1]
-        cpu = (lim.cpu_seconds, lim.cpu_seconds + 2)  # SIGXCPU, then SIGKILL 2 s later
-        if cpu_hard != r.RLIM_INFINITY:
-            cpu = (min(lim.cpu_seconds, cpu_hard), cpu_hard)
+        soft, hard = _clamped(r.RLIMIT_CPU, lim.cpu_seconds)
+        cpu = (soft, hard + 2 if r.getrlimit(r.RLIMIT_CPU)[1] == r.RLIM_INFINITY else hard)  # SIGXCPU, then SIGKILL
         out = [
             ("cpu", r.RLIMIT_CPU, cpu),
             ("file size", r.RLIMIT_FSIZE, _clamped(r.RLIMIT_FSIZE, lim.file_mb * MB)),
