@@ -36,7 +36,7 @@ HOME = "/tmp/home"
 MB = 1024 * 1024
 _BWRAP_OWN = 3  # bwrap's monitor and init processes, counted against the process limit
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives", "fonts")
 _UNSANDBOXED = (
     "grading WITHOUT a sandbox: learner code runs with your rights and can read solutions/, "
     "the gradebook, other submissions and your home folder, and reach the network; only resource limits apply"
