@@ -130,10 +130,6 @@ class _Route:
     tcp: tuple[str, int] | None = None  # or a TCP address, bridged
 
 
-def _userinfo(netloc: str) -> str:
-    return netloc.rpartition("@")[0] + "@" if "@" in netloc else ""
-
-
 def _query(pairs: list[tuple[str, str]]) -> str:
     return "&".join(f"{quote(k)}={quote(v, safe='/')}" for k, v in pairs)
 
@@ -144,11 +140,12 @@ def _route(key: str, url: str) -> _Route:
     scheme = parts.scheme.lower()
     name = re.sub(r"[^a-z0-9]+", "-", key.lower().removesuffix("_url")) or "server"
     query = parse_qsl(parts.query, keep_blank_values=True)
+    userinfo = parts.netloc.rpartition("@")[0] + "@" if "@" in parts.netloc else ""  # kept as written
     if scheme in ("redis", "unix"):
         inside = INSIDE / f"{name}.sock"
         db = (parts.path.strip("/") if scheme == "redis" else "") or dict(query).get("db") or "0"
         rest = [(k, v) for k, v in query if k != "db"] + [("db", db)]
-        inside_url = f"unix://{_userinfo(parts.netloc)}{inside}?{_query(rest)}"
+        inside_url = f"unix://{userinfo}{inside}?{_query(rest)}"
         if scheme == "unix":
             return _Route(key, inside_url, inside, socket=Path(unquote(parts.path)))
         return _Route(key, inside_url, inside, tcp=(parts.hostname or "localhost", parts.port or 6379))
@@ -161,13 +158,11 @@ def _route(key: str, url: str) -> _Route:
         inside = INSIDE / name / f".s.PGSQL.{port}"
         rest = [(k, v) for k, v in query if k not in ("host", "hostaddr", "port")]
         rest += [("host", str(inside.parent)), ("port", str(port))]
-        inside_url = f"{parts.scheme}://{_userinfo(parts.netloc)}{parts.path or '/'}?{_query(rest)}"
+        inside_url = f"{parts.scheme}://{userinfo}{parts.path or '/'}?{_query(rest)}"
         if host.startswith("/"):
             return _Route(key, inside_url, inside, socket=Path(host) / f".s.PGSQL.{port}")
         return _Route(key, inside_url, inside, tcp=(q.get("hostaddr") or host, port))
-    raise SandboxError(
-        f"{key}: cannot make a {scheme or 'schemeless'} URL reachable inside the sandbox (redis://, unix:// or postgresql:// only)"
-    )
+    raise SandboxError(f"{key}: only redis://, unix:// and postgresql:// URLs reach the sandbox, not {scheme or url!r}")
 
 
 class _Bridge:
@@ -176,7 +171,7 @@ class _Bridge:
     def __init__(self, path: Path, host: str, port: int) -> None:
         self.path, self.host, self.port = path, host, port
         self.loop = asyncio.new_event_loop()
-        self._error: BaseException | None = None
+        self._error: OSError | None = None
         ready = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(ready,), name=f"sandbox-bridge-{port}", daemon=True)
         self.thread.start()
@@ -197,22 +192,21 @@ class _Bridge:
             self.loop.run_forever()
         finally:
             server.close()
-            tasks = asyncio.all_tasks(self.loop)
-            for task in tasks:
+            for task in (tasks := asyncio.all_tasks(self.loop)):
                 task.cancel()
             self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self.loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
+        writers = [writer]
+        try:  # a refused or lost server closes the learner's connection, as it would without the bridge
             up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-        except OSError:
-            writer.close()
-            return
-        try:
+            writers.append(up_writer)
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        except OSError:
+            pass
         finally:
-            for w in (writer, up_writer):
+            for w in writers:
                 w.close()
 
     def stop(self) -> None:
@@ -290,8 +284,7 @@ class _Cgroups:
         self.limits = limits
         self.version = 0
         self.dirs: dict[str, Path] = {}
-        pidns = os.readlink("/proc/self/ns/pid").strip("pid:[]")
-        self.name = f"course-sandbox-{pidns}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.name = f"{_prefix()}{secrets.token_hex(4)}"
         v2, v1 = _mounts()
         if v2 is not None and self._v2(v2):
             return
@@ -333,13 +326,12 @@ class _Cgroups:
         return {int(p) for d in set(self.dirs.values()) for p in _read(d / "cgroup.procs").split()}
 
     def hit(self, controller: str) -> bool:
+        """Did the kernel refuse a fork ("pids") or kill for memory ("memory") in this sandbox?"""
+        name, key = {"pids": ("pids.events", "max"), "memory": ("memory.oom_control", "oom_kill")}[controller]
+        if self.version == 2 and controller == "memory":
+            name = "memory.events"
         d = self.dirs.get(controller)
-        if d is None:
-            return False
-        if controller == "memory":
-            text = _read(d / ("memory.events" if self.version == 2 else "memory.oom_control"))
-            return _count(text, "oom_kill") > 0
-        return _count(_read(d / "pids.events"), "max") > 0
+        return d is not None and _count(_read(d / name), key) > 0
 
     def kill(self, grace: float = 5.0) -> None:
         if self.version == 2 and (self.dirs["pids"] / "cgroup.kill").exists():
@@ -382,17 +374,28 @@ def _make(parent: Path, name: str, files: dict[str, int], required: str) -> Path
         return None
 
 
+def _prefix() -> str:
+    """Names of this process's cgroups and temporary folders: the pid namespace, then the pid."""
+    return f"course-sandbox-{os.readlink('/proc/self/ns/pid').strip('pid:[]')}-{os.getpid()}-"
+
+
+def _left_behind(folder: Path) -> list[Path]:
+    """Sandbox cgroups or temporary folders in ``folder`` whose process (of this pid namespace) is dead."""
+    mine = _prefix().split("-")
+    found = [(d, d.name.split("-")) for d in folder.glob(f"course-sandbox-{mine[2]}-*")]
+    return [
+        d for d, name in found if name[3].isdigit() and name[3] != mine[3] and not Path(f"/proc/{name[3]}").exists()
+    ]
+
+
 def _reap(parent: Path) -> None:
-    """Remove sandbox cgroups left behind by dead processes of this pid namespace."""
-    pidns = os.readlink("/proc/self/ns/pid").strip("pid:[]")
-    for d in parent.glob(f"course-sandbox-{pidns}-*"):
-        pid = d.name.split("-")[3]
-        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
-            for p in _read(d / "cgroup.procs").split():
-                with contextlib.suppress(OSError):
-                    os.kill(int(p), signal.SIGKILL)
+    """Remove sandbox cgroups left behind by processes killed outright."""
+    for d in _left_behind(parent):
+        for p in _read(d / "cgroup.procs").split():
             with contextlib.suppress(OSError):
-                d.rmdir()
+                os.kill(int(p), signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 # --------------------------------------------------------------------------- rlimits
@@ -405,9 +408,8 @@ def _tasks_of(uid: int) -> int:
 
 
 def _clamped(which: int, value: int) -> tuple[int, int]:
-    _, hard = resource.getrlimit(which)
-    if hard != resource.RLIM_INFINITY:
-        value = min(value, hard)
+    hard = resource.getrlimit(which)[1]
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
     return value, value
 
 
@@ -461,7 +463,9 @@ class Sandbox:
         self._expired: float | None = None
         self._closed = False
         self._cgroups: _Cgroups | None = None
-        self._tmp = Path(tempfile.mkdtemp(prefix="course-sandbox-", dir="/tmp" if os.path.isdir("/tmp") else None))
+        for d in _left_behind(Path("/tmp")):
+            shutil.rmtree(d, ignore_errors=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=_prefix(), dir="/tmp"))  # short: unix socket paths live here
         try:
             self._routes = [] if unsandboxed else [_route(k, v) for k, v in self.servers.items()]
             self._cgroups = _Cgroups(self.limits) if os.geteuid() == 0 else None
@@ -680,7 +684,6 @@ class Sandbox:
         self.kill()
         for b in self._bridges:
             b.stop()
-        self._bridges = []
         if self._cgroups is not None:
             self._cgroups.remove()
         shutil.rmtree(self._tmp, ignore_errors=True)

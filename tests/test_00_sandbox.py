@@ -333,7 +333,7 @@ GRADER = textwrap.dedent(
     from autograder.sandbox import Sandbox
     box = Sandbox(workdir=Path(sys.argv[1]), readonly=[Path(sys.base_prefix), Path(sys.prefix)])
     box.popen([sys.executable, "-c", "import os, time\\nfor _ in range(3): os.fork()\\ntime.sleep(60)", sys.argv[2]])
-    print(" ".join(str(d) for d in box._cgroups.dirs.values()) if box._cgroups else "", flush=True)
+    print(box._tmp, *(box._cgroups.dirs.values() if box._cgroups else ()), flush=True)
     time.sleep(60)
     """
 )
@@ -343,7 +343,7 @@ GRADER = textwrap.dedent(
 def test_a_grader_killed_outright_takes_its_sandbox_along(tmp_path):
     marker = f"orphan-{uuid.uuid4().hex}"
     grader = subprocess.Popen([sys.executable, "-c", GRADER, str(tmp_path), marker], stdout=subprocess.PIPE, text=True)
-    cgroups = [Path(d) for d in grader.stdout.readline().split()]
+    left_behind = [Path(d) for d in grader.stdout.readline().split()]  # its temporary folder and cgroups
     deadline = time.monotonic() + 10
     while len(_left(marker)) < 8 and time.monotonic() < deadline:  # the program and its 7 children
         time.sleep(0.05)
@@ -354,8 +354,9 @@ def test_a_grader_killed_outright_takes_its_sandbox_along(tmp_path):
     while _left(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _left(marker)
-    with Sandbox(workdir=tmp_path):  # the next sandbox removes the cgroups the dead grader left
-        assert not any(d.exists() for d in cgroups)
+    assert all(d.exists() for d in left_behind)
+    with Sandbox(workdir=tmp_path):  # the next sandbox removes what the dead grader left
+        assert not any(d.exists() for d in left_behind)
 
 
 @needs_bwrap
