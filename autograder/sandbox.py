@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-#: Where the course's servers appear inside the sandbox.
-INSIDE = Path("/run/course")
+INSIDE = Path("/run/course")  # where the course's servers appear inside the sandbox
 HOME = "/tmp/home"
 MB = 1024 * 1024
 _BWRAP_OWN = 3  # bwrap's monitor and init processes, counted against the process limit
@@ -98,9 +97,9 @@ def _flags() -> list[str]:
 def _probe(exe: str | None) -> tuple[bool, str]:
     if not exe:
         return False, "bubblewrap (bwrap) is not installed on this machine"
-    true = shutil.which("true") or "/bin/true"
-    argv = [exe, *_flags(), *_system_args(), "--tmpfs", "/tmp", "--remount-ro", "/", "--", true]
     try:
+        size = ["--size", str(MB)] if _sizes(exe) else []  # as in every run
+        argv = [exe, *_flags(), *_system_args(), *size, "--tmpfs", "/tmp", "--remount-ro", "/", "--", "/bin/true"]
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as err:
         return False, f"bubblewrap ({exe}) is installed but could not be run here ({err})"
@@ -108,6 +107,14 @@ def _probe(exe: str | None) -> tuple[bool, str]:
         detail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return False, f"bubblewrap ({exe}) is installed but cannot create a sandbox here ({detail})"
     return True, f"bubblewrap ({exe}) works here"
+
+
+@functools.cache
+def _sizes(exe: str) -> bool:
+    """Can this bubblewrap bound a tmpfs (--size: 0.7 and later, not setuid)? Else /tmp is bounded by memory alone."""
+    if os.stat(exe).st_mode & stat.S_ISUID and os.getuid() != 0:
+        return False
+    return "--size" in subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=20).stdout
 
 
 @functools.lru_cache(maxsize=1)
@@ -281,9 +288,7 @@ class _Cgroups:
     """The sandbox's cgroups (root only): limits, who is inside, what was hit, kill."""
 
     def __init__(self, limits: Limits) -> None:
-        self.limits = limits
-        self.version = 0
-        self.dirs: dict[str, Path] = {}
+        self.limits, self.version, self.dirs = limits, 0, {}
         self.name = f"{_prefix()}{secrets.token_hex(4)}"
         v2, v1 = _mounts()
         if v2 is not None and self._v2(v2):
@@ -497,8 +502,6 @@ class Sandbox:
             "HOME": home,
             "TMPDIR": tmp,
             "MPLCONFIGDIR": f"{tmp}/matplotlib",
-            "XDG_CACHE_HOME": f"{tmp}/cache",
-            "XDG_CONFIG_HOME": f"{tmp}/config",
             "MPLBACKEND": "Agg",
             "PYTHONHASHSEED": "0",
             "PYTHONDONTWRITEBYTECODE": "1",
@@ -526,8 +529,7 @@ class Sandbox:
                 raise SandboxError(f"{r.key} points at {r.socket}, which is not a unix socket")
 
     def _write_etc(self) -> None:
-        etc = self._tmp / "etc"
-        etc.mkdir()
+        (etc := self._tmp / "etc").mkdir()
         uid, gid = os.getuid(), os.getgid()
         users = {0: "root", uid: "learner" if uid else "root", 65534: "nobody"}
         groups = {0: "root", gid: "learner" if gid else "root", 65534: "nogroup"}
@@ -538,9 +540,9 @@ class Sandbox:
             (self._tmp / d).mkdir()
 
     def _bwrap_argv(self, argv: list[str], cwd: Path) -> list[str]:
-        tmp_size = max(64, 4 * self.limits.file_mb) * MB
+        size = lambda mb: ["--size", str(mb * MB)] if _sizes(self._bwrap) else []  # noqa: E731
         args = [self._bwrap, *_flags(), *_system_args()]
-        args += ["--size", str(tmp_size), "--tmpfs", "/tmp", "--size", str(64 * MB), "--tmpfs", "/dev/shm"]
+        args += [*size(max(64, 4 * self.limits.file_mb)), "--tmpfs", "/tmp", *size(64), "--tmpfs", "/dev/shm"]
         args += ["--dir", HOME]
         for name in ("passwd", "group", "hosts"):
             args += ["--ro-bind", str(self._tmp / "etc" / name), f"/etc/{name}"]

@@ -423,6 +423,24 @@ def test_without_bubblewrap_grading_stops_unless_asked_to_go_unsandboxed(tmp_pat
         assert proc.communicate(timeout=30)[0].split() == [str(tmp_path.resolve()), "77", "True"]
 
 
+OLD_BWRAP = """#!/bin/sh
+# bubblewrap before 0.7: no --size
+case " $* " in *" --help "*) echo "usage: bwrap [OPTIONS...] [--] COMMAND [ARGS...]"; exit 0;; *" --size "*) echo "bwrap: Unknown option --size" >&2; exit 1;; esac
+exec {bwrap} "$@"
+"""
+
+
+@needs_bwrap
+def test_an_older_bubblewrap_without_tmpfs_sizes_still_sandboxes(tmp_path, monkeypatch):
+    old = tmp_path / "bwrap"
+    old.write_text(OLD_BWRAP.format(bwrap=sandbox._find_bwrap()))
+    old.chmod(0o755)
+    assert sandbox._probe(str(old))[0] and not sandbox._sizes(str(old))
+    monkeypatch.setattr(sandbox, "_find_bwrap", lambda: str(old))
+    code, out, err, _ = run("print(open('/tmp/scratch', 'w').write('its own /tmp'))", tmp_path)
+    assert code == 0 and out.strip() == "12", err
+
+
 # ----------------------------------------------------------------------------- an unprivileged instructor
 
 DRIVER = textwrap.dedent(
