@@ -644,6 +644,7 @@ class Sandbox:
         if sig == signal.SIGXCPU:
             return f"the sandbox's CPU time limit ({lim.cpu_seconds} s of CPU) was reached"
         for pattern, line in (
+            (r"^bwrap: ", "the sandbox could not start the program (bubblewrap's message is in the grader's log)"),
             (r"File too large", f"the sandbox's file size limit ({lim.file_mb} MB) was reached"),
             (r"MemoryError|Cannot allocate memory", memory),
             (

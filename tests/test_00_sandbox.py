@@ -437,6 +437,9 @@ def test_an_older_bubblewrap_without_tmpfs_sizes_still_sandboxes(tmp_path, monke
     old.chmod(0o755)
     assert sandbox._probe(str(old))[0] and not sandbox._sizes(str(old))
     monkeypatch.setattr(sandbox, "_find_bwrap", lambda: str(old))
+    with Sandbox(workdir=tmp_path) as box:  # a setup failure is named without the host's paths
+        proc = box.popen(["python3"], cwd=Path("/nonexistent"), stderr=subprocess.PIPE)
+        assert "could not start" in box.reason(proc.wait(), proc.stderr.read())
     code, out, err, _ = run("print(open('/tmp/scratch', 'w').write('its own /tmp'))", tmp_path)
     assert code == 0 and out.strip() == "12", err
 
