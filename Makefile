@@ -19,7 +19,9 @@ lab: $(READY)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/course lab
 
 ## The whole test suite: course/ units, every chapter notebook, grading contracts, nbgrader flow
+## (installs bubblewrap, the grading sandbox, with apt-get when root and missing)
 test: $(READY)
+	bash tests/setup_sandbox.sh
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 3 --dist loadgroup $(PYTEST_ARGS)
 
 ## JupyterLab driven by headless Chromium (installs chromium and playwright when missing)
