@@ -235,73 +235,77 @@ def _servers_env() -> dict[str, str]:
 
 
 def _launch(job: dict, key: bytes, sandbox_mode: str) -> tuple[subprocess.Popen, int, object]:
-    """Start the runner (in the sandbox when there is one); return (process, results fd, sandbox)."""
+    """Start the runner in a sandbox; return (process, results fd, sandbox).
+
+    The caller's thread must live until the run ends: bubblewrap dies with the thread that
+    started it (which is what keeps a killed grader from leaving learner code running).
+    """
     read_fd, write_fd = os.pipe()
     argv = [sys.executable, "-m", "autograder.runner", str(write_fd)]
-    servers = _servers_env()
-    sandbox = None
-    if sandbox_mode != "off":
-        sandbox = _sandbox(servers, required=sandbox_mode == "required")
-    if sandbox is not None:
-        env = sandbox.env()
+    sandbox = _sandbox(_servers_env(), sandbox_mode)
+    try:
         proc = sandbox.popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(write_fd,)
-        )
-    else:
-        env = dict(os.environ, **servers)
-        env.update(
-            COURSE_BACKEND="env",
-            NBGRADER_EXECUTION="autograde",
-            MPLBACKEND="Agg",
-            PYTHONHASHSEED="0",
-            PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        )
-        proc = subprocess.Popen(
             argv,
+            env={"NBGRADER_EXECUTION": "autograde"},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             pass_fds=(write_fd,),
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
         )
-    os.close(write_fd)
+    except BaseException:
+        sandbox.close()
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
     proc.stdin.write(json.dumps({**job, "key": key.hex()}).encode())
     proc.stdin.close()
     return proc, read_fd, sandbox
 
 
-def _sandbox(servers: dict, *, required: bool):
-    """The sandbox for one grading run, or None where grading runs without one."""
-    try:
-        from autograder import sandbox as sb
-    except ImportError:
-        if required:
-            raise GradingError("this course has no sandbox module; cannot grade sandboxed") from None
-        return None
-    ok, why = sb.available()
-    if not ok:
-        if required:
-            raise GradingError(why)
-        return None
+def _sandbox(servers: dict, mode: str):
+    """A sandbox for one grading run; ``mode`` "off" (or "auto" where none works) still bounds resources."""
+    import shutil
     import tempfile
+
+    from autograder import sandbox as sb
 
     work = Path(tempfile.mkdtemp(prefix="course-grade-"))
     readonly = [Path(sys.base_prefix), Path(sys.prefix), REPO / "course", REPO / "autograder"]
-    return sb.Sandbox(workdir=work, readonly=readonly, servers=servers)
+    unsandboxed = mode == "off" or (mode == "auto" and not sb.available()[0])
+    try:
+        box = sb.Sandbox(workdir=work, readonly=readonly, servers=servers, unsandboxed=unsandboxed)
+    except sb.SandboxUnavailable as err:
+        shutil.rmtree(work, ignore_errors=True)
+        raise GradingError(str(err)) from None
+    close = box.close
+
+    def close_and_clean() -> None:
+        close()
+        shutil.rmtree(work, ignore_errors=True)
+
+    box.close = close_and_clean
+    return box
+
+
+def sandbox_warning(mode: str) -> str:
+    """What grading in ``mode`` gives up, in one line ("" when learner code is sandboxed)."""
+    from autograder import sandbox as sb
+
+    if mode == "off" or (mode == "auto" and not sb.available()[0]):
+        return sb._UNSANDBOXED
+    return ""
 
 
 def _kill(proc: subprocess.Popen, sandbox) -> None:
     with contextlib.suppress(Exception):
-        os.killpg(proc.pid, signal.SIGKILL)
+        sandbox.kill()
     with contextlib.suppress(Exception):
         proc.kill()
-    if sandbox is not None:
-        with contextlib.suppress(Exception):
-            sandbox.close()
     with contextlib.suppress(Exception):
         proc.wait(10)
+    with contextlib.suppress(Exception):
+        sandbox.close()
 
 
 def _run_once(job: dict, sandbox_mode: str, run_timeout: float) -> _Run:
@@ -332,6 +336,7 @@ def _run_once(job: dict, sandbox_mode: str, run_timeout: float) -> _Run:
     current: dict | None = None
     deadline = started + 60  # imports and setup
     stuck, why = None, ""
+    ended_at = None
     while True:
         done.wait(0.05)
         while seen < len(lines):
@@ -347,15 +352,22 @@ def _run_once(job: dict, sandbox_mode: str, run_timeout: float) -> _Run:
             elif body["event"] == "task-start":
                 current = body
                 deadline = time.monotonic() + _task_timeout(job["chapter"], body["id"]) + GRACE
-            elif body["event"] in ("cell", "task"):
+            elif body["event"] in ("cell", "task", "done"):
                 current = None
                 deadline = time.monotonic() + 60
         if done.is_set() and seen >= len(lines):
             break
         now = time.monotonic()
+        if proc.poll() is not None:  # ended; a child it left behind may still hold the pipe open
+            ended_at = ended_at or now
+            if now - ended_at > 1.0:
+                break
+            continue
         if now > deadline or now - started > run_timeout:
             stuck = _where(current)
-            why = "ran past its time limit and ignored the interrupt" if now <= started + run_timeout else "timeout"
+            why = "ran past its time limit and ignored the interrupt"
+            if now - started > run_timeout:
+                why = f"took over {run_timeout:g} s in all"
             _kill(proc, sandbox)
             reader.join(5)
             break
@@ -364,10 +376,9 @@ def _run_once(job: dict, sandbox_mode: str, run_timeout: float) -> _Run:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             pass
-        finished = any(e["event"] == "done" for e in events)
-        if not finished:
+        if not any(e["event"] == "done" for e in events):
             stuck = _where(current)
-            why = _death(proc.returncode)
+            why = sandbox.reason(proc.returncode, "".join(output)) or _death(proc.returncode)
         _kill(proc, sandbox)
     run = _Run(events, stuck, why, "".join(output))
     if forged:
@@ -424,16 +435,11 @@ def grade(
         cuts[run.stuck] = run.why
     graded = _assemble(chapter, trusted, job, run, cuts)
     graded.seconds = time.perf_counter() - started
-    graded.sandboxed = sandbox != "off" and _sandbox_works()
+    warning = sandbox_warning(sandbox)
+    graded.sandboxed = not warning
+    if warning:
+        graded.notes.append(warning)
     return graded
-
-
-def _sandbox_works() -> bool:
-    try:
-        from autograder import sandbox as sb
-    except ImportError:
-        return False
-    return sb.available()[0]
 
 
 def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dict[str, str]) -> Graded:

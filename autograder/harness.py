@@ -301,7 +301,7 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
             outcome["done"] = True
         except _Abandoned:
             outcome["abandoned"] = True
-        except (asyncio.TimeoutError, TimeoutError) as err:
+        except TimeoutError as err:
             outcome["error"] = err
             outcome["timeout"] = True
         except NotImplementedError as err:

@@ -198,7 +198,7 @@ def expect_jittered(r: Report, what: str, got: list, draws: Draws, base: float, 
 def _retryable_cases() -> list[tuple[str, BaseException, bool]]:
     cases: list[tuple[str, BaseException, bool]] = [
         ("TimeoutError()", TimeoutError(), True),
-        ("asyncio.TimeoutError()", asyncio.TimeoutError(), True),
+        ("asyncio.TimeoutError()", TimeoutError(), True),
         ("httpx.ConnectTimeout", httpx.ConnectTimeout("connect timed out"), True),
         ("httpx.ReadTimeout", httpx.ReadTimeout("read timed out"), True),
         ("httpx.WriteTimeout", httpx.WriteTimeout("write timed out"), True),
