@@ -39,7 +39,7 @@ from course.retry import RetryPolicy
 
 CLOCK_START = 1_800_000_000.0  # the injected clock starts here (2027), far from time.time()
 IDLE_LIMIT = 1.0  # real seconds without any progress before the check calls a consumer stuck
-RUN_LIMIT = 15.0  # real seconds a consumer run may take at most
+RUN_LIMIT = 8.0  # real seconds a consumer run may take at most
 GROUP = "workers"
 
 
@@ -385,21 +385,23 @@ async def run_consumer(
     deadline = time.monotonic() + RUN_LIMIT
     watching = until is not None
     try:
-        while not job.done() and time.monotonic() < deadline:
+        while not job.done() and time.monotonic() < deadline and not rep.dead:
             if watching and await until():
                 watching = False
                 sleeps.release()
             await asyncio.wait([job], timeout=0.01)
     finally:
         sleeps.release()
-        if not job.done():
-            run.hung = True
+        if not job.done():  # killed (a dead process runs nothing more), or hung
+            run.hung = not rep.dead
             job.cancel()
         leftovers = [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()]
         for t in leftovers:
             t.cancel()
         if leftovers:
             await asyncio.wait(leftovers, timeout=5)
+    if rep.dead:
+        run.killed = True
     if job.cancelled() or run.hung:
         return run
     err = job.exception()
@@ -476,7 +478,9 @@ def expect_clean_run(r: Report, run: Run, rep: Replica, what: str) -> None:
         r.fail(f"{what}: the consumer raised {error_line(_leaf(run.error), 200)}")
 
 
-def expect_order(r: Report, world: World, rows, expected: dict[str, list[str]], what: str) -> None:
+def expect_order(
+    r: Report, world: World, rows, expected: dict[str, list[str]], what: str, *, takeover: bool = False
+) -> None:
     got = per_key(rows)
     for key, want in expected.items():
         have = got.get(key, [])
@@ -485,8 +489,15 @@ def expect_order(r: Report, world: World, rows, expected: dict[str, list[str]], 
         dup = [m for m, n in Counter(have).items() if n > 1]
         if dup:
             r.fail(
-                f"{what}: key {key} applied {have}; {dup[0]} was applied {Counter(have)[dup[0]]} times. Record the "
-                "message id in mq_processed in the same transaction as the change and skip it when it is already there"
+                f"{what}: key {key} applied {have}; {dup[0]} was applied {Counter(have)[dup[0]]} times. "
+                + (
+                    "The replica that took over did not know the first one had applied it: state kept in one "
+                    "process is not shared between replicas. "
+                    if takeover
+                    else ""
+                )
+                + "Record the message id in mq_processed in the same transaction as the change, and skip it when "
+                "it is already there"
             )
         missing = [m for m in want if m not in have]
         if sorted(have) == sorted(want):
@@ -625,14 +636,14 @@ async def _basic(r: Report, consumer, ns, watcher, admin) -> None:
 
 
 @scenario(
-    "2. A-1 fails 3 times (timeout, 503, serialization failure), then succeeds: full-jitter backoff, "
-    "A-2 and A-3 wait, keys B and C go on"
+    "2. R-1 fails 3 times (timeout, 503, serialization failure), then succeeds: full-jitter backoff, "
+    "R-2 and R-3 wait, keys S and T go on"
 )
 async def _retries(r: Report, consumer, ns, watcher, admin) -> None:
     world = await _setup_world(ns, admin, "retries", watcher)
-    world.plan["A-1"] = [timeout_error, unavailable, serialization_failure, "ok"]
-    await world.publish(admin, [("A", 1), ("B", 1), ("A", 2), ("C", 1), ("B", 2), ("A", 3), ("C", 2)])
-    healthy = {"B-1", "B-2", "C-1", "C-2"}
+    world.plan["R-1"] = [timeout_error, unavailable, serialization_failure, "ok"]
+    await world.publish(admin, [("R", 1), ("S", 1), ("R", 2), ("T", 1), ("S", 2), ("R", 3), ("T", 2)])
+    healthy = {"S-1", "S-2", "T-1", "T-2"}
     base, cap = 0.1, 0.3
     clock = Clock()
     sleeps = Sleeps(clock, held=True)
@@ -659,45 +670,45 @@ async def _retries(r: Report, consumer, ns, watcher, admin) -> None:
         run = await run_consumer(
             consumer, rep, policy=policy_of(5, base, cap), sleeps=sleeps, draws=draws, clock=clock, until=until
         )
-        expect_clean_run(r, run, rep, "A-1 failing 3 times")
+        expect_clean_run(r, run, rep, "R-1 failing 3 times")
         rows = await applied(watcher, world)
         expect_order(
             r,
             world,
             rows,
-            {"A": ["A-1", "A-2", "A-3"], "B": ["B-1", "B-2"], "C": ["C-1", "C-2"]},
-            "A-1 failing 3 times",
+            {"R": ["R-1", "R-2", "R-3"], "S": ["S-1", "S-2"], "T": ["T-1", "T-2"]},
+            "R-1 failing 3 times",
         )
-        tries = world.attempts["A-1"]
+        tries = world.attempts["R-1"]
         r.expect(
             tries == 4,
-            "A-1 was attempted 4 times: 3 transient failures, then success",
-            f"A-1 was attempted {tries} time(s); it fails with TimeoutError, a 503 and a SerializationFailure (all "
+            "R-1 was attempted 4 times: 3 transient failures, then success",
+            f"R-1 was attempted {tries} time(s); it fails with TimeoutError, a 503 and a SerializationFailure (all "
             "transient: policy.retryable says so), then succeeds: expected 4 attempts",
         )
         if seen.get("why") == "stuck":
             done = {m for _, m in seen["rows"]}
             r.fail(
-                f"while A-1 waited in its first backoff, {len(healthy & done)} of the 4 messages of keys B and C were "
+                f"while R-1 waited in its first backoff, {len(healthy & done)} of the 4 messages of keys S and T were "
                 "applied and the consumer made no progress for 1 s: head-of-line blocking. Give every key its own lane "
                 "(a task) so one key's retry never holds another key's messages, even those read in a later batch"
             )
         if seen:
-            early = [m for _, m in seen["rows"] if m in ("A-2", "A-3")]
+            early = [m for _, m in seen["rows"] if m in ("R-2", "R-3")]
             r.expect(
                 not early,
-                "while A-1 waited in its backoff: B-1, B-2, C-1, C-2 applied; A-2 and A-3 not yet",
-                f"{', '.join(early)} applied while A-1 was still waiting for its retry: the key's later messages "
+                "while R-1 waited in its backoff: S-1, S-2, T-1, T-2 applied; R-2 and R-3 not yet",
+                f"{', '.join(early)} applied while R-1 was still waiting for its retry: the key's later messages "
                 "overtook it (a separate retry queue, or moving on, reorders a key)",
             )
         else:
             r.fail(
-                "the consumer finished without ever waiting in the injected sleep: retry A-1 after "
+                "the consumer finished without ever waiting in the injected sleep: retry R-1 after "
                 "await sleep(rand() * min(cap, base * 2**k))"
             )
         expect_jitter(r, sleeps.delays, draws.values, base, cap)
-        await expect_all_acked(r, admin, world, "A-1 failing 3 times")
-        expect_ack_after_commit(r, [rep], world, "A-1 failing 3 times")
+        await expect_all_acked(r, admin, world, "R-1 failing 3 times")
+        expect_ack_after_commit(r, [rep], world, "R-1 failing 3 times")
         r.ok("every entry acknowledged after its commit")
     finally:
         await stop_replica(rep)
@@ -715,7 +726,7 @@ def expect_jitter(r: Report, got: list, draws: list[float], base: float, cap: fl
     windows = [min(cap, base * 2**k) for k in range(n)]
     if len(got) != n:
         r.fail(
-            f"A-1 failed 3 times: the consumer slept {len(got)} time(s) {fmt(got)}, expected 3 backoff sleeps "
+            f"R-1 failed 3 times: the consumer slept {len(got)} time(s) {fmt(got)}, expected 3 backoff sleeps "
             f"(rand() * {fmt(windows)}). Use the injected sleep for the backoff waits only"
         )
     if len(draws) < n:
@@ -750,8 +761,8 @@ def expect_jitter(r: Report, got: list, draws: list[float], base: float, cap: fl
 
 
 @scenario(
-    "3. P-1 is malformed (permanent), X-1 times out on every attempt, B is healthy: two dead letters with their "
-    "metadata, P and X blocked, their later messages parked, B applied"
+    "3. P-1 is malformed (permanent), X-1 times out on every attempt, G is healthy: two dead letters with their "
+    "metadata, P and X blocked, their later messages parked, G applied"
 )
 async def _dead_letters(r: Report, consumer, ns, watcher, admin) -> None:
     world = await _setup_world(ns, admin, "dlq", watcher)
@@ -760,7 +771,7 @@ async def _dead_letters(r: Report, consumer, ns, watcher, admin) -> None:
     world.plan["X-1"] = [timeout_error] * attempts + ["stop"] * 1
     world.then["X-1"] = "stop"
     await world.publish(
-        admin, [("P", 1), ("B", 1), ("X", 1), ("P", 2), ("B", 2), ("X", 2), ("P", 3), ("B", 3), ("P", 2)]
+        admin, [("P", 1), ("G", 1), ("X", 1), ("P", 2), ("G", 2), ("X", 2), ("P", 3), ("G", 3), ("P", 2)]
     )
     clock = Clock()
     sleeps = Sleeps(clock)
@@ -795,12 +806,12 @@ async def _dead_letters(r: Report, consumer, ns, watcher, admin) -> None:
                 f"{', '.join(late)} applied after the first message of its key was dead-lettered: the key's state "
                 "skipped an event. Block the key (mq_blocked_keys) and park its later messages (mq_parked)"
             )
-        if got.get("B", []) != ["B-1", "B-2", "B-3"]:
+        if got.get("G", []) != ["G-1", "G-2", "G-3"]:
             r.fail(
-                f"key B applied {got.get('B', [])}, expected ['B-1', 'B-2', 'B-3']: a dead letter must block its "
+                f"key G applied {got.get('G', [])}, expected ['G-1', 'G-2', 'G-3']: a dead letter must block its "
                 "own key only, not the whole stream"
             )
-        r.ok("B-1, B-2, B-3 applied in order; nothing of P or X applied")
+        r.ok("G-1, G-2, G-3 applied in order; nothing of P or X applied")
         await _expect_dead_letters(r, world, admin, watcher, sleeps, attempts)
         park = await parked(watcher, world)
         want = ["P-2", "X-2", "P-3"]
@@ -914,15 +925,27 @@ async def _expect_dead_letters(r: Report, world: World, admin, watcher, sleeps: 
 
 
 KILLS = {
-    "before change": "inside the handler of K-2, before its change",
-    "after change": "inside the handler of K-2, after its change, before the commit",
-    "before ack": "after K-2 committed, at the consumer's next Redis command (before its XACK)",
-    "after ack": "right after the XACK of K-2",
+    "before change": "inside the handler of {k}-2, before its change",
+    "after change": "inside the handler of {k}-2, after its change, before the commit",
+    "before ack": "after {k}-2 committed, at the consumer's next Redis command (before its XACK)",
+    "after ack": "right after the XACK of {k}-2",
+}
+#: Each crash scenario has keys of its own, so message ids never repeat between scenarios.
+CRASH_KEYS = {
+    "before change": ("K", "L"),
+    "after change": ("M", "N"),
+    "before ack": ("U", "V"),
+    "after ack": ("W", "Y"),
 }
 
 
 def _crash_scenario(where: str, number: int):
-    @scenario(f"{number}. a consumer is killed {KILLS[where]}; another replica takes over (K-5 arrives meanwhile)")
+    k = CRASH_KEYS[where][0]
+
+    @scenario(
+        f"{number}. a consumer is killed {KILLS[where].format(k=k)}; another replica takes over "
+        f"({k}-5 arrives meanwhile)"
+    )
     async def crash(r: Report, consumer, ns, watcher, admin) -> None:
         await _crash(r, ns, watcher, admin, where)
 
@@ -932,19 +955,22 @@ def _crash_scenario(where: str, number: int):
 
 async def _crash(r: Report, ns, watcher, admin, where: str) -> None:
     first, second = r.replicas("ordered_consumer", 2)
+    k, other = CRASH_KEYS[where]
+    k2 = f"{k}-2"
+    where_text = KILLS[where].format(k=k)
     world = await _setup_world(ns, admin, "crash-" + where.replace(" ", "-"), watcher)
     if where == "before change":
-        world.plan["K-2"] = ["kill before change"]
+        world.plan[k2] = ["kill before change"]
     elif where == "after change":
-        world.plan["K-2"] = ["kill after change"]
-    await world.publish(admin, [("K", 1), ("L", 1), ("K", 2), ("L", 2), ("K", 3), ("K", 4), ("L", 3)])
+        world.plan[k2] = ["kill after change"]
+    await world.publish(admin, [(k, 1), (other, 1), (k, 2), (other, 2), (k, 3), (k, 4), (other, 3)])
     clock = Clock()
     a = await start_replica(ns, world, "replica-a", watcher)
     if where == "before ack":
-        a.kill_next_command_of = "K-2"
+        a.kill_next_command_of = k2
     elif where == "after ack":
-        a.kill_after_ack = world.entry_of("K-2")
-    what = f"killed {KILLS[where]}"
+        a.kill_after_ack = world.entry_of(k2)
+    what = f"killed {where_text}"
     try:
         run = await run_consumer(
             first, a, policy=policy_of(4, 0.1, 1.0), sleeps=Sleeps(clock), draws=Draws(r.random), clock=clock
@@ -954,9 +980,9 @@ async def _crash(r: Report, ns, watcher, admin, where: str) -> None:
         await stop_replica(a)
     if not a.dead:
         r.fail(
-            f"the check armed a kill {KILLS[where]}, but replica a never got there: "
+            f"the check armed a kill {where_text}, but replica a never got there: "
             + (
-                "does it call handle(conn, fields) for K-2?"
+                f"does it call handle(conn, fields) for {k2}?"
                 if "change" in where
                 else "does it acknowledge with redis.xack(stream, group, entry_id) after the commit?"
             )
@@ -965,7 +991,7 @@ async def _crash(r: Report, ns, watcher, admin, where: str) -> None:
     left = await pending(admin, world)
     for p in left:
         await admin.xclaim(world.stream, GROUP, p["consumer"], 0, [p["message_id"]], idle=3_600_000, justid=True)
-    await world.publish(admin, [("K", 5), ("L", 4)])
+    await world.publish(admin, [(k, 5), (other, 4)])
     b = await start_replica(ns, world, "replica-b", watcher)
     try:
         run = await run_consumer(
@@ -978,11 +1004,10 @@ async def _crash(r: Report, ns, watcher, admin, where: str) -> None:
         await stop_replica(b)
     rows = await applied(watcher, world)
     got = per_key(rows)
-    k = got.get("K", [])
-    if "K-2" not in k:
-        cur = await watcher.execute("SELECT 1 FROM mq_processed WHERE message_id = 'K-2'")
+    if k2 not in got.get(k, []):
+        cur = await watcher.execute("SELECT 1 FROM mq_processed WHERE message_id = %s", (k2,))
         recorded = await cur.fetchone() is not None
-        still = [p for p in await pending(admin, world) if world.by_entry.get(p["message_id"]) == "K-2"]
+        still = [p for p in await pending(admin, world) if world.by_entry.get(p["message_id"]) == k2]
         if still:
             why = (
                 f"its entry is still pending for {still[0]['consumer']}: replica b must first take over entries a dead "
@@ -993,13 +1018,20 @@ async def _crash(r: Report, ns, watcher, admin, where: str) -> None:
                 "mq_processed says it was processed, but its change was never committed: the id was recorded in a "
                 "commit of its own. Record it in the same transaction as the change"
             )
-        elif any(e == world.entry_of("K-2") for e, _ in a.acks):
+        elif any(e == world.entry_of(k2) for e, _ in a.acks):
             why = "replica a acknowledged it before its change was committed, so nobody redelivered it"
         else:
             why = "it was acknowledged without being applied"
-        r.fail(f"killed {KILLS[where]}: K-2 was lost (never applied): {why}")
-    expect_order(r, world, rows, {"K": ["K-1", "K-2", "K-3", "K-4", "K-5"], "L": ["L-1", "L-2", "L-3", "L-4"]}, what)
-    r.ok(f"{what}: after the takeover K-1..K-5 and L-1..L-4 applied once each, in order")
+        r.fail(f"killed {where_text}: {k2} was lost (never applied): {why}")
+    expect_order(
+        r,
+        world,
+        rows,
+        {k: [f"{k}-{i}" for i in range(1, 6)], other: [f"{other}-{i}" for i in range(1, 5)]},
+        what,
+        takeover=True,
+    )
+    r.ok(f"{what}: after the takeover {k}-1..{k}-5 and {other}-1..{other}-4 applied once each, in order")
     await expect_all_acked(r, admin, world, what)
     expect_ack_after_commit(r, [a, b], world, what)
     r.ok("nothing left pending, every XACK after its commit")
