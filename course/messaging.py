@@ -481,16 +481,17 @@ async def ordered_consumer(
                 tg.create_task(redis.xack(stream, group, entry_id))
                 continue
             lane = lane_of(fields)
+            w.emit("delivered", entry_id, fields, lane=lane)
             queues.setdefault(lane, deque()).append((entry_id, fields))
             if lane not in lanes:
                 lanes[lane] = tg.create_task(run_lane(lane))
 
     async with asyncio.TaskGroup() as tg:
-        taken = await claim_stale(redis, stream, group, consumer, claim_idle_ms, batch)
-        taken += await read_own_pending(redis, stream, group, consumer, batch)
+        taken = dict(await claim_stale(redis, stream, group, consumer, claim_idle_ms, batch))
+        taken.update(await read_own_pending(redis, stream, group, consumer, batch))  # both may list one entry
         if taken:
             counts["taken over"] += len(taken)
-        dispatch(sorted(taken, key=lambda e: entry_order(e[0])), tg)  # old entries first, in stream order
+        dispatch(sorted(taken.items(), key=lambda e: entry_order(e[0])), tg)  # old entries first, in stream order
         while True:
             fresh = await read_new(redis, stream, group, consumer, batch)
             if fresh:
