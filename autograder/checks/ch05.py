@@ -343,14 +343,19 @@ class Run:
 
 
 async def start_replica(ns, world: World, name: str, watcher, **kw) -> Replica:
+    """A replica's pool, Redis client and the connection its XACK watch reads through (its own:
+    a kill cancels the replica's tasks, and a query cancelled half-way breaks its connection)."""
     pool = await ns.pool(max_size=6, fresh=True)
     client = CheckRedis.from_url(ns.redis_url, decode_responses=True)
-    return Replica(name, world, pool, client, watcher, **kw)
+    observer = await psycopg.AsyncConnection.connect(ns.database_url, autocommit=True)
+    return Replica(name, world, pool, client, observer, **kw)
 
 
 async def stop_replica(rep: Replica) -> None:
     with contextlib.suppress(Exception):
         await rep.pool.close()
+    with contextlib.suppress(Exception):
+        await rep.watcher.close()
     with contextlib.suppress(Exception):
         await rep.redis.aclose()
 
