@@ -244,8 +244,19 @@ LOCK_PER_KEY = patched(
 )
 
 
+HANDLER_TIMEOUT = patched(  # the handler under a timeout of its own: wait_for runs it in another task on 3.11
+    LANES,
+    (
+        "                await handle(conn, fields)\n",
+        "                await asyncio.wait_for(handle(conn, fields), 5)\n",
+    ),
+)
+
+
 @pytest.mark.parametrize(
-    "source", [LANES, QUEUES_OWN_BACKOFF, LOCK_PER_KEY], ids=["lanes-retry_call", "queues-own-backoff", "lock-per-key"]
+    "source",
+    [LANES, QUEUES_OWN_BACKOFF, LOCK_PER_KEY, HANDLER_TIMEOUT],
+    ids=["lanes-retry_call", "queues-own-backoff", "lock-per-key", "handler-timeout"],
 )
 def test_05_ordered_consumer_correct_designs_pass(source):
     assert_accepted("ordered_consumer", source)

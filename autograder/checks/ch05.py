@@ -197,6 +197,7 @@ class Replica:
         self.kill_after_ack: str | None = None  # entry id
         self.kill_next_command_of: str | None = None  # message id: its task's next Redis command
         self._armed_task = None
+        self._armed_entry: str | None = None
         self.acks: list[tuple[str, bool]] = []  # (entry id, its effect was committed before the XACK)
         self.commands = 0
         redis.replica = self
@@ -239,8 +240,9 @@ class Replica:
             )
             if step == "kill after change":
                 raise self.kill(f"inside handle({mid}), after its change and before the commit")
-            if self.kill_next_command_of == mid:
+            if self.kill_next_command_of == mid:  # armed: the next Redis command of this task, or the XACK
                 self._armed_task = asyncio.current_task()
+                self._armed_entry = next((e for e, m in self.world.by_entry.items() if m == mid), None)
         finally:
             self.in_flight[key] -= 1
 
@@ -249,7 +251,10 @@ class Replica:
         if self.dead:
             raise mq.ConsumerKilled(f"consumer {self.name} is dead")
         self.commands += 1
-        if self._armed_task is not None and asyncio.current_task() is self._armed_task:
+        armed = self._armed_task is not None and (
+            asyncio.current_task() is self._armed_task or (_name(args) == "XACK" and self._armed_entry in _ids(args))
+        )
+        if armed:  # (a handler wrapped in its own task, e.g. by wait_for, still meets the XACK)
             self._armed_task = None
             raise self.kill(f"at its first Redis command ({_name(args)}) after {self.kill_next_command_of} committed")
         if _name(args) == "XACK":
