@@ -43,6 +43,7 @@ REQUIREMENTS = [
     ("purgatory", "purgatory"),
     ("aiobreaker", "aiobreaker"),
     ("cachetools", "cachetools"),
+    ("dramatiq", "dramatiq"),
 ]
 
 
