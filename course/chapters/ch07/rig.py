@@ -7,9 +7,10 @@ result every run, because the database holds the writers:
   waits in a BEFORE trigger on an advisory lock that the gate's own connection holds.
   :func:`race` starts the writers, waits until each one is either finished or waiting on a
   lock inside PostgreSQL (``pg_stat_activity``), then opens the gate. So every writer has
-  read (the version, the checkpoint, the indexed version) before any of them writes;
-  ``stagger=True`` starts them one at a time, each after the previous one is held, so the
-  order in which they reach the table is fixed too;
+  read (the version, the checkpoint, the indexed version) before any of them writes.
+  With ``order=[3, 2]`` the gate is keyed by the row's ``version`` column and opens for
+  version 3 first, then (once that writer is done or held again) for version 2: the
+  order in which the writes land is fixed too;
 - a **crash** at a table: the N-th write to it after arming raises, exactly once (a
   sequence counts, and sequences ignore rollbacks), as if the process died there.
 
@@ -34,14 +35,17 @@ GATE_LOCK = 707_002
 SETTLE_LIMIT = 2.0  # real seconds to wait for writers to be held before opening the gate anyway
 
 RIG = """
-CREATE TABLE IF NOT EXISTS ch07_gates (table_name text PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS ch07_gates (table_name text PRIMARY KEY, by_version boolean NOT NULL DEFAULT false);
 CREATE TABLE IF NOT EXISTS ch07_crashes (table_name text PRIMARY KEY, nth bigint NOT NULL DEFAULT 0);
 CREATE OR REPLACE FUNCTION ch07_rig() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
+    keyed  boolean;
     target bigint;
+    image  jsonb := to_jsonb(CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END);
 BEGIN
-    IF EXISTS (SELECT 1 FROM ch07_gates WHERE table_name = TG_TABLE_NAME) THEN
-        PERFORM pg_advisory_xact_lock_shared(%(gate)s);
+    SELECT by_version INTO keyed FROM ch07_gates WHERE table_name = TG_TABLE_NAME;
+    IF FOUND THEN
+        PERFORM pg_advisory_xact_lock_shared(%(gate)s, CASE WHEN keyed THEN (image->>'version')::int ELSE 0 END);
     END IF;
     SELECT nth INTO target FROM ch07_crashes WHERE table_name = TG_TABLE_NAME;
     IF target > 0 AND nextval('ch07_crash_' || TG_TABLE_NAME) = target THEN
@@ -112,29 +116,41 @@ LOCK_WAITERS = (
 class Gate:
     """Hold every write to ``tables`` inside PostgreSQL until :meth:`open` (an async context).
 
-    ``async with Gate(database_url, ["es_events"]) as gate: ... await gate.open()``
+    ``async with Gate(database_url, ["es_events"]) as gate: ... await gate.open()``.
+    With ``keys=[3, 2]`` writes are held by their row's ``version``; ``open(3)`` lets the
+    writes of version 3 through and keeps the others held.
     """
 
-    def __init__(self, database_url: str, tables) -> None:
+    def __init__(self, database_url: str, tables, keys: list[int] | None = None) -> None:
         self.database_url = database_url
         self.tables = list(tables)
+        self.keys = list(keys) if keys else [0]
+        self.held: list[int] = []
         self.conn: psycopg.AsyncConnection | None = None
-        self.is_open = True
 
     async def __aenter__(self) -> Gate:
         self.conn = await psycopg.AsyncConnection.connect(self.database_url, autocommit=True)
-        await self.conn.execute("SELECT pg_advisory_lock(%s)", (GATE_LOCK,))
+        for key in self.keys:
+            await self.conn.execute("SELECT pg_advisory_lock(%s, %s)", (GATE_LOCK, key))
+            self.held.append(key)
         for table in self.tables:
-            await self.conn.execute("INSERT INTO ch07_gates VALUES (%s) ON CONFLICT DO NOTHING", (table,))
-        self.is_open = False
+            await self.conn.execute(
+                "INSERT INTO ch07_gates VALUES (%s, %s) ON CONFLICT (table_name) DO UPDATE SET by_version = "
+                "EXCLUDED.by_version",
+                (table, self.keys != [0]),
+            )
         return self
 
-    async def open(self) -> None:
-        if self.is_open or self.conn is None:
+    async def open(self, key: int | None = None) -> None:
+        """Let the writes of ``key`` through (all of them when ``key`` is None)."""
+        if self.conn is None:
             return
-        self.is_open = True
-        await self.conn.execute("DELETE FROM ch07_gates WHERE table_name = ANY(%s)", (self.tables,))
-        await self.conn.execute("SELECT pg_advisory_unlock(%s)", (GATE_LOCK,))
+        for k in [key] if key is not None else list(self.held):
+            if k in self.held:
+                self.held.remove(k)
+                await self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (GATE_LOCK, k))
+        if not self.held:
+            await self.conn.execute("DELETE FROM ch07_gates WHERE table_name = ANY(%s)", (self.tables,))
 
     async def __aexit__(self, *exc) -> None:
         try:
@@ -185,26 +201,29 @@ async def race(
     tables,
     calls: list[Callable[[], Awaitable]],
     *,
-    stagger: bool = False,
+    order: list[int] | None = None,
     limit: float = SETTLE_LIMIT,
 ) -> tuple[list, RaceLog]:
-    """Run ``calls`` at once with a gate on ``tables``; results (or exceptions) in call order."""
+    """Run ``calls`` at once with a gate on ``tables``; results (or exceptions) in call order.
+
+    The gate opens once every writer is finished or held in PostgreSQL. With ``order`` it
+    is keyed by ``version`` and opens one version at a time, in that order, settling
+    between (see :class:`Gate`).
+    """
     log = RaceLog(len(calls))
     watcher = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
     tasks: list[asyncio.Task] = []
     try:
-        async with Gate(database_url, tables) as gate:
+        async with Gate(database_url, tables, keys=order) as gate:
             try:
-                if stagger:
-                    for call in calls:
-                        tasks.append(asyncio.ensure_future(call()))
-                        settled, log.held = await _settle(watcher, tasks, limit)
-                        log.stalled |= not settled
-                else:
-                    tasks = [asyncio.ensure_future(call()) for call in calls]
-                    settled, log.held = await _settle(watcher, tasks, limit)
-                    log.stalled = not settled
+                tasks = [asyncio.ensure_future(call()) for call in calls]
+                settled, log.held = await _settle(watcher, tasks, limit)
+                log.stalled = not settled
                 log.finished_early = sum(t.done() for t in tasks)
+                for key in order or []:
+                    await gate.open(key)
+                    settled, _ = await _settle(watcher, tasks, limit)
+                    log.stalled |= not settled
             finally:
                 await gate.open()
         results = await asyncio.gather(*tasks, return_exceptions=True)
