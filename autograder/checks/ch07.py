@@ -379,7 +379,7 @@ async def _check_projection(r: Report, apply_events, rebuild_balances, pool, ns,
         fired = await rig.disarm(pool, table)
         r.expect(
             fired,
-            f"a crash injected {words} (events {upto - 5}-{upto})",
+            f"events {upto - 5}-{upto}: a crash injected {words}",
             f"the check armed a crash at {table} but apply_events never wrote {table}: "
             + (
                 "keep the checkpoint in projection_checkpoints (name 'account_balances')"

@@ -41,6 +41,8 @@ REQUIREMENTS = [
     ("purgatory", "purgatory"),
     ("aiobreaker", "aiobreaker"),
     ("cachetools", "cachetools"),
+    ("eventsourcing", "eventsourcing"),
+    ("tantivy", "tantivy"),
 ]
 
 

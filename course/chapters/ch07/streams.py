@@ -124,6 +124,9 @@ async def fold_vs_length(pool, lengths, *, every: int = 100, repeats: int = 5) -
             await es.save_snapshot(pool, stream_id, at, state)
         snap = await time_load(pool, stream_id, snapshots=True, repeats=repeats)
         rows.append((n, full, snap, n - at))
+    async with pool.connection() as conn:  # benchmark streams only: the read models need not replay them
+        await conn.execute("DELETE FROM es_events WHERE stream_id LIKE 'bench-%%'")
+        await conn.execute("DELETE FROM es_snapshots WHERE stream_id LIKE 'bench-%%'")
     return rows
 
 
