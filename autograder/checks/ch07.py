@@ -624,11 +624,15 @@ async def _check_search(r: Report, index_event, search_docs, pool, ns) -> None:
     newer = _event("doc-race", 3, title="Final text", body="final")
     older = _event("doc-race", 2, title="Second draft", body="draft")
     r.note(
-        "doc-race at v1; replica A gets v3 and replica B gets v2 at the same moment; both read the index "
-        "before either writes, and the check lets v3's write land first"
+        "doc-race at v1; replica A gets v3, then replica B gets v2 while A's write is held; both read the "
+        "index before either writes, and the check lets v3's write land first"
     )
     results, log = await rig.race(
-        ns.database_url, ["search_documents"], [lambda: a(pool, newer), lambda: b(pool, older)], order=[3, 2]
+        ns.database_url,
+        ["search_documents"],
+        [lambda: a(pool, newer), lambda: b(pool, older)],
+        order=[3, 2],
+        stagger=True,
     )
     r.note(log.line())
     for x in results:

@@ -68,7 +68,7 @@ async def drift(pool) -> dict:
     return {"missing": missing, "stale": stale, "in_sync": same, "articles": total}
 
 
-async def dual_write_run(pool, *, docs: int, waves: int, crash_rate: float, seed: int) -> dict:
+async def dual_write_run(pool, *, docs: int, waves: int, crash_rate: float, run: int) -> dict:
     """Save articles in concurrent waves, each save writing the database, then the index.
 
     A save "crashes" between the two writes with probability ``crash_rate``; the index
@@ -76,7 +76,7 @@ async def dual_write_run(pool, *, docs: int, waves: int, crash_rate: float, seed
     article can reach the index in the other order.
     """
     await reset(pool)
-    rng = random.Random(seed)
+    rng = random.Random(run)
     crashed = 0
 
     async def save(article_id: str, title: str, body: str, delay: float, crash: bool) -> None:
@@ -99,12 +99,12 @@ async def dual_write_run(pool, *, docs: int, waves: int, crash_rate: float, seed
     return {**await drift(pool), "saves": docs * waves, "crashed": crashed}
 
 
-async def outbox_run(pool, *, docs: int, waves: int, crash_rate: float, seed: int, relays: int = 2) -> dict:
+async def outbox_run(pool, *, docs: int, waves: int, crash_rate: float, run: int, relays: int = 2) -> dict:
     """The same saves through the outbox: article and event in one transaction; ``relays``
     relays at once, each failing an indexing call with probability ``crash_rate`` (the batch
     stays unpublished and is delivered again)."""
     await reset(pool)
-    rng = random.Random(seed)
+    rng = random.Random(run)
     failures = 0
 
     async def save(article_id: str, title: str, body: str) -> None:

@@ -9,8 +9,9 @@ result every run, because the database holds the writers:
   lock inside PostgreSQL (``pg_stat_activity``), then opens the gate. So every writer has
   read (the version, the checkpoint, the indexed version) before any of them writes.
   With ``order=[3, 2]`` the gate is keyed by the row's ``version`` column and opens for
-  version 3 first, then (once that writer is done or held again) for version 2: the
-  order in which the writes land is fixed too;
+  version 3 first, then (once that writer is done or held again) for version 2; with
+  ``stagger=True`` the writers start one at a time, each once the previous one is held,
+  so which one takes the row lock first is fixed too;
 - a **crash** at a table: the N-th write to it after arming raises, exactly once (a
   sequence counts, and sequences ignore rollbacks), as if the process died there.
 
@@ -202,13 +203,15 @@ async def race(
     calls: list[Callable[[], Awaitable]],
     *,
     order: list[int] | None = None,
+    stagger: bool = False,
     limit: float = SETTLE_LIMIT,
 ) -> tuple[list, RaceLog]:
     """Run ``calls`` at once with a gate on ``tables``; results (or exceptions) in call order.
 
     The gate opens once every writer is finished or held in PostgreSQL. With ``order`` it
     is keyed by ``version`` and opens one version at a time, in that order, settling
-    between (see :class:`Gate`).
+    between (see :class:`Gate`). With ``stagger`` the calls start one at a time, each once
+    the ones before it are held: the first call reaches the table (and its row lock) first.
     """
     log = RaceLog(len(calls))
     watcher = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
@@ -216,9 +219,14 @@ async def race(
     try:
         async with Gate(database_url, tables, keys=order) as gate:
             try:
-                tasks = [asyncio.ensure_future(call()) for call in calls]
-                settled, log.held = await _settle(watcher, tasks, limit)
-                log.stalled = not settled
+                for call in calls if stagger else []:
+                    tasks.append(asyncio.ensure_future(call()))
+                    settled, log.held = await _settle(watcher, tasks, limit)
+                    log.stalled |= not settled
+                if not stagger:
+                    tasks = [asyncio.ensure_future(call()) for call in calls]
+                    settled, log.held = await _settle(watcher, tasks, limit)
+                    log.stalled = not settled
                 log.finished_early = sum(t.done() for t in tasks)
                 for key in order or []:
                     await gate.open(key)

@@ -87,8 +87,8 @@ def outcome(result) -> str:
 # ----------------------------------------------------------------------------- fold time and snapshots
 
 
-async def seed_stream(pool, stream_id: str, n: int, amount_cents: int = 100) -> None:
-    """A stream of ``n`` events (open, then deposits), written in one statement."""
+async def fill_stream(pool, stream_id: str, n: int, amount_cents: int = 100) -> None:
+    """A stream of ``n`` events (open, then deposits), written in one statement (0: an empty stream)."""
     async with pool.connection() as conn, conn.transaction():
         await conn.execute("DELETE FROM es_events WHERE stream_id = %s", (stream_id,))
         await conn.execute("DELETE FROM es_snapshots WHERE stream_id = %s", (stream_id,))
@@ -116,7 +116,7 @@ async def fold_vs_length(pool, lengths, *, every: int = 100, repeats: int = 5) -
     rows = []
     for n in lengths:
         stream_id = f"bench-{n}"
-        await seed_stream(pool, stream_id, n)
+        await fill_stream(pool, stream_id, n)
         full = await time_load(pool, stream_id, snapshots=False, repeats=repeats)
         at = n - every // 2 if n > every else 0  # a snapshot every ``every`` events leaves ~every/2 after it
         if at:
