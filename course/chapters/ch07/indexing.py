@@ -73,7 +73,8 @@ async def dual_write_run(pool, *, docs: int, waves: int, crash_rate: float, run:
 
     A save "crashes" between the two writes with probability ``crash_rate``; the index
     write of each save leaves after a random network delay (0-20 ms), so two saves of one
-    article can reach the index in the other order.
+    article can reach the index in the other order. ``run`` numbers the random draws: the
+    same run gives the same saves, delays and crashes.
     """
     await reset(pool)
     rng = random.Random(run)
