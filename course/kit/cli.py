@@ -44,6 +44,8 @@ REQUIREMENTS = [
     ("aiobreaker", "aiobreaker"),
     ("cachetools", "cachetools"),
     ("dramatiq", "dramatiq"),
+    ("eventsourcing", "eventsourcing"),
+    ("tantivy", "tantivy"),
 ]
 
 
