@@ -133,20 +133,32 @@ class Cost:
     micros: float
 
 
-async def measure_cost(redis, make: Callable, limit: int, *, requests: int | None = None) -> Cost:
-    """One client at its limit: bytes its key holds, round trips and server commands per request."""
+async def measure_cost(redis, make: Callable, limit: int, *, sample: int = 300) -> Cost:
+    """One client at its limit: bytes its key holds, round trips and server commands per request.
+
+    The first ``sample`` requests are sent one by one and counted; the rest (to reach the
+    limit) go through the same script in pipelined batches, only to fill the key.
+    """
     counting = CountingRedis(redis)
     limiter = make(counting, limit)
     client = f"cost-{limit}"
-    await redis.delete(limiter.key(client))
-    n = requests or limit
+    key = limiter.key(client)
+    await redis.delete(key)
+    n = min(sample, limit)
+    step = 30.0 / limit
     await redis.config_resetstat()
     t0 = time.perf_counter()
     for i in range(n):
-        await limiter.hit(client, now=MINUTE + i * (30.0 / n))
+        await limiter.hit(client, now=MINUTE + i * step)
     micros = (time.perf_counter() - t0) / n * 1e6
     commands = await _server_calls(redis) - 1  # less the INFO itself
-    memory = await redis.memory_usage(limiter.key(client), samples=0) or 0
+    filler = make(redis, limit)
+    for lo in range(n, limit, 1000):
+        async with redis.pipeline(transaction=False) as pipe:
+            for i in range(lo, min(limit, lo + 1000)):
+                await filler._script(keys=[key], args=[repr(MINUTE + i * step), *filler._args(1)], client=pipe)
+            await pipe.execute()
+    memory = await redis.memory_usage(key, samples=0) or 0
     return Cost(type(limiter).__name__, limit, memory, counting.round_trips / n, commands / n, micros)
 
 
