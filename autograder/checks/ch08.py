@@ -233,7 +233,7 @@ async def _token_bucket_hidden(r: Report, token_bucket, redis, ns, started: list
         f"keys without an expiry (PTTL -1): {[k for k, v in ttls.items() if v < 0]}. One key per client, forever: "
         "a million clients seen once are a million keys; expire the bucket once it would be full again",
     )
-    low, high = 5.0 - 0.25, 2 * 5.0 + 1
+    low, high = 5.0 - 1.0, 2 * 5.0 + 1  # a second of slack for a loaded machine between the write and PTTL
     r.expect(
         all(low * 1000 <= v <= high * 1000 for v in ttls.values()),
         f"an empty bucket of 10 at 2/s expires in {fmt(sorted(v / 1000 for v in ttls.values()))} s "
@@ -247,7 +247,7 @@ async def _token_bucket_hidden(r: Report, token_bucket, redis, ns, started: list
     ttls = await _ttls(redis, key)
     r.note("the check shortened the keys' TTL to 0.2 s, then 1 s later (injected) one request was admitted")
     r.expect(
-        ok and bool(ttls) and all(v >= (4.5 - 0.25) * 1000 for v in ttls.values()),
+        ok and bool(ttls) and all(v >= (4.5 - 1.0) * 1000 for v in ttls.values()),
         f"that write set the expiry again: {fmt(sorted(v / 1000 for v in ttls.values()))} s",
         f"after that request the keys expire in {fmt(sorted(v / 1000 for v in ttls.values()))} s"
         + ("" if ok else " (and it was refused)")
