@@ -46,6 +46,7 @@ REQUIREMENTS = [
     ("dramatiq", "dramatiq"),
     ("eventsourcing", "eventsourcing"),
     ("tantivy", "tantivy"),
+    ("limits", "limits"),
 ]
 
 
