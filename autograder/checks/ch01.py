@@ -26,9 +26,9 @@ import httpx
 
 from autograder.harness import Report, error_line, task
 from autograder.probes import fmt
+from course.chapters.ch01 import live_errors
 from course.kit.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
 from course.retry import is_retryable as reference_is_retryable
-from course.retry import live_errors
 from course.retry import with_retry as reference_with_retry
 
 #: real seconds one call under test may take; with injected time, correct code needs milliseconds
