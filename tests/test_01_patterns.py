@@ -51,7 +51,7 @@ def test_01_huge_attempts_do_not_overflow():
 
 
 def _scalar_race(clients: int, strategy: str, trials: int, seed: int, base=5.0, cap=2000.0) -> tuple[float, float]:
-    """The same model as course.herd, written as a plain one-trial-at-a-time event loop."""
+    """The same model as course.chapters.ch01.herd, written as a plain one-trial-at-a-time event loop."""
     rng = random.Random(seed)
 
     def d() -> float:
