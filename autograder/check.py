@@ -348,3 +348,35 @@ def render(res: CheckResult) -> str:
     lines.extend(f"note: {e}" for e in res.cell_errors)
     lines.append(f"total: {res.score:g}/{res.max_score:g} ({res.seconds:.1f} s)")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``course check PATH [--json]``: exit 0 at full marks, 1 when a task falls short, 2 on bad input.
+
+    ``course check`` (:mod:`course.kit.cli`) runs this as ``python -m autograder.check``: the
+    toolkit starts the grader as a program and never imports it.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="course check", description="grade a chapter notebook as the instructor would"
+    )
+    parser.add_argument("path", help="a chapter notebook (.ipynb)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    try:
+        res = check(args.path)
+    except BadInput as err:
+        print(f"course check: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(json.dumps(res.as_json(), indent=2))
+    else:
+        print(render(res))
+    return 0 if res.tasks and res.score >= res.max_score else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -259,18 +259,14 @@ def lab_cmd(args) -> int:
 
 
 def check_cmd(args) -> int:
-    from autograder import check
-
+    """Grading belongs to the grader (``autograder/check.py``): run it as a program, so that
+    the toolkit never imports ``autograder``. Its output and exit code are this command's."""
+    cmd = [sys.executable, "-m", "autograder.check", args.path, *(["--json"] if args.json else [])]
+    proc = subprocess.Popen(cmd)
     try:
-        res = check.check(args.path)
-    except check.BadInput as err:
-        print(f"course check: {err}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(res.as_json(), indent=2))
-    else:
-        print(check.render(res))
-    return 0 if res.tasks and res.score >= res.max_score else 1
+        return proc.wait()
+    except KeyboardInterrupt:  # the grader got the same Ctrl-C: let it stop its own jobs
+        return proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
