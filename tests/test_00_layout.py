@@ -3,7 +3,7 @@
 - no import cycle anywhere in ``course/`` or ``autograder/``, function-level imports included;
 - imports go one way: ``course.kit`` <- ``course.<pattern>`` <- ``course.chapters.chNN`` <-
   ``autograder.checks.chNN``; nothing in ``course/`` imports ``autograder``;
-- no module over 700 lines;
+- no module over 700 lines, and no pattern that imports matplotlib when it is imported;
 - every table, view, sequence, SQL function, procedure and trigger is created by one module.
 
 Everything is read statically (the AST of each file, the SQL in its string literals):
@@ -163,6 +163,19 @@ def wrong_way_imports(graph: dict[str, set[str]]) -> list[str]:
     ]
 
 
+# ----------------------------------------------------------------------------- patterns stay light
+
+
+def plots_at_import(source: str) -> bool:
+    """Does the module import matplotlib at module level (not inside a function)?"""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "matplotlib" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "matplotlib":
+            return True
+    return False
+
+
 # ----------------------------------------------------------------------------- size
 
 
@@ -260,6 +273,11 @@ def test_imports_go_one_way(graph):
     assert not found, "imports against the direction:\n" + "\n".join(found)
 
 
+def test_no_pattern_imports_matplotlib_at_import(tree):
+    found = [name for name, (_, source) in tree.items() if layer(name)[0] == "pattern" and plots_at_import(source)]
+    assert not found, f"patterns that import matplotlib at module level (plot in course/chapters): {found}"
+
+
 def test_no_module_is_over_700_lines(tree):
     found = too_long(tree)
     assert not found, f"over {MAX_LINES} lines (split the module):\n" + "\n".join(found)
@@ -351,6 +369,12 @@ def test_imports_against_the_direction_are_named(tmp_path):
         "course.kit.faults imports course.caching: the toolkit imports no pattern and no chapter",
         "course.payments imports autograder.harness: nothing in course/ imports the grader",
     ]
+
+
+def test_a_pattern_that_plots_at_import_is_found():
+    assert plots_at_import("import matplotlib.pyplot as plt\n")
+    assert plots_at_import("from matplotlib import pyplot\n")
+    assert not plots_at_import("def plot():\n    import matplotlib.pyplot as plt\n")
 
 
 def test_a_long_module_is_named(tmp_path):
