@@ -150,3 +150,42 @@ def render(res: CheckResult) -> str:
     where = "sandboxed" if res.sandboxed else "NOT sandboxed"
     lines.append(f"total: {res.score:g}/{res.max_score:g} ({res.seconds:.1f} s, {where})")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``course check PATH [--json]``: exit 0 at full marks, 1 when a task falls short, 2 on bad input.
+
+    ``course check`` (:mod:`course.kit.cli`) runs this as ``python -m autograder.check``: the
+    toolkit starts the grader as a program and never imports it.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="course check", description="grade a chapter notebook as the instructor would"
+    )
+    parser.add_argument("path", help="a chapter notebook (.ipynb)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="grade without the sandbox (where bubblewrap is missing): the code runs with your rights",
+    )
+    args = parser.parse_args(argv)
+    if args.no_sandbox:
+        print("course check: grading WITHOUT a sandbox: the notebook's code runs with your own rights", file=sys.stderr)
+    try:
+        res = check(args.path, sandbox="off" if args.no_sandbox else None)
+    except (BadInput, grading.GradingError) as err:
+        print(f"course check: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(json.dumps(res.as_json(), indent=2))
+    else:
+        print(render(res))
+    return 0 if res.tasks and res.score >= res.max_score else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

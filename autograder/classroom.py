@@ -162,3 +162,36 @@ def _record(root: Path, assignment: str, students: list[str], cache: Path, summa
     finally:
         os.chdir(previous)
         os.environ.pop("COURSE_GRADE_CACHE", None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``course grade ASSIGNMENT [--jobs N] [--student ID ...] [--no-sandbox]``, run in the course directory."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="course grade", description=__doc__.splitlines()[0])
+    parser.add_argument("assignment", help="the chapter, as nbgrader names it (03_idempotency)")
+    parser.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: one per core)")
+    parser.add_argument("--student", action="append", help="only this student (repeatable)")
+    parser.add_argument("--no-sandbox", action="store_true", help="grade without the sandbox (not recommended)")
+    args = parser.parse_args(argv)
+    if args.no_sandbox:
+        print("course grade: grading WITHOUT a sandbox: learners' code runs with your rights", file=sys.stderr)
+    try:
+        summary = grade_all(
+            Path.cwd(),
+            args.assignment,
+            jobs=args.jobs,
+            students=args.student or None,
+            sandbox="off" if args.no_sandbox else None,
+        )
+    except grading.GradingError as err:
+        print(f"course grade: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print(summary.text())
+    return 1 if summary.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

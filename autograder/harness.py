@@ -1,8 +1,9 @@
 """The grading harness: runs a task's checks on a learner's code and explains the verdict.
 
-A chapter's checks live in ``autograder/checks/chNN.py`` and register themselves with
-:func:`task`. Notebooks call into them with one line, so nbgrader's feedback (which shows
-test cells word for word) shows the call, not the checks:
+A chapter's checks live in ``autograder/checks/chNN.py`` (a package ``autograder/checks/chNN/``
+once they outgrow one file; its ``__init__`` registers the tasks) and register themselves
+with :func:`task`. Notebooks call into them with one line, so nbgrader's feedback (which
+shows test cells word for word) shows the call, not the checks:
 
     grade("with_retry")        # hidden test cell: full, partial or zero points
     public("with_retry")       # visible test cell: a quick subset, never the whole grade

@@ -21,13 +21,11 @@ import psycopg
 
 from autograder.harness import Report, error_line, task
 from autograder.probes import tally
+from course.chapters.ch03 import arm_crash, crash_fired, install_crash_points
 from course.idempotency import (
     IdempotencyKeyReused,
     ProviderError,
     RequestInProgress,
-    arm_crash,
-    crash_fired,
-    install_crash_points,
     retry_in_progress,
     setup_schema,
 )

@@ -284,44 +284,26 @@ def lab_cmd(args) -> int:
 
 
 def check_cmd(args) -> int:
-    from autograder import check, grading
+    """Grading belongs to the grader (``autograder/check.py``): run it as a program, so that
+    the toolkit never imports ``autograder``. Its output and exit code are this command's."""
+    extra = [*(["--json"] if args.json else []), *(["--no-sandbox"] if args.no_sandbox else [])]
+    return _run_grader("autograder.check", args.path, *extra)
 
-    mode = "off" if args.no_sandbox else None  # None: settings.SANDBOX (COURSE_SANDBOX, default "required")
-    if args.no_sandbox:
-        print(
-            "course check: grading WITHOUT a sandbox: the notebook's code runs with your own rights",
-            file=sys.stderr,
-        )
+
+def _run_grader(module: str, *argv: str) -> int:
+    proc = subprocess.Popen([sys.executable, "-m", module, *argv])
     try:
-        res = check.check(args.path, sandbox=mode)
-    except check.BadInput as err:
-        print(f"course check: {err}", file=sys.stderr)
-        return 2
-    except grading.GradingError as err:
-        print(f"course check: {err}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(res.as_json(), indent=2))
-    else:
-        print(check.render(res))
-    return 0 if res.tasks and res.score >= res.max_score else 1
+        return proc.wait()
+    except KeyboardInterrupt:  # the grader got the same Ctrl-C: let it stop its own jobs
+        return proc.wait()
 
 
 def grade_cmd(args) -> int:
-    from autograder import classroom, grading
-
-    mode = "off" if args.no_sandbox else None
-    if args.no_sandbox:
-        print("course grade: grading WITHOUT a sandbox: learners' code runs with your rights", file=sys.stderr)
-    try:
-        summary = classroom.grade_all(
-            Path.cwd(), args.assignment, jobs=args.jobs, students=args.student or None, sandbox=mode, force=True
-        )
-    except grading.GradingError as err:
-        print(f"course grade: {err}", file=sys.stderr)
-        return 2
-    print(summary.text())
-    return 1 if summary.failed else 0
+    """``course grade``: the class command of :mod:`autograder.classroom`, run as a program."""
+    extra = [f"--jobs={args.jobs}"] if args.jobs else []
+    extra += [f"--student={s}" for s in args.student or []]
+    extra += ["--no-sandbox"] if args.no_sandbox else []
+    return _run_grader("autograder.classroom", args.assignment, *extra)
 
 
 def main(argv: list[str] | None = None) -> int:
