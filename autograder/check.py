@@ -9,6 +9,7 @@ process. What the learner's kernel did, and any demo cell, has no say in the gra
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
