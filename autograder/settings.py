@@ -35,25 +35,15 @@ def apply(c, root: str) -> None:
     c.GenerateAssignment.create_assignment = True
     # Grading runs the setup and answer cells and the checks in a sandboxed process of its
     # own (autograder/grading.py), in place of nbgrader's Execute: demos are never run.
-    from nbconvert.preprocessors import ClearMetadataPreprocessor
-    from nbgrader.preprocessors import (
-        AssignLatePenalties,
-        CheckCellMetadata,
-        IgnorePattern,
-        LimitOutput,
-        SaveAutoGrades,
-    )
-
-    from autograder.nbgrader_plugin import GradeInSandbox
-
+    # (Named as import strings: nbconvert imports them, and this module imports no grader.)
     c.Autograde.autograde_preprocessors = [
-        GradeInSandbox,
-        IgnorePattern,
-        ClearMetadataPreprocessor,
-        LimitOutput,
-        SaveAutoGrades,
-        AssignLatePenalties,
-        CheckCellMetadata,
+        "autograder.nbgrader_plugin.GradeInSandbox",
+        "nbgrader.preprocessors.IgnorePattern",
+        "nbconvert.preprocessors.ClearMetadataPreprocessor",
+        "nbgrader.preprocessors.LimitOutput",
+        "nbgrader.preprocessors.SaveAutoGrades",
+        "nbgrader.preprocessors.AssignLatePenalties",
+        "nbgrader.preprocessors.CheckCellMetadata",
     ]
 
 
