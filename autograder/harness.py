@@ -56,8 +56,8 @@ CHECKS_PACKAGE = "autograder.checks"
 
 
 def _chapter_of(module: str) -> str | None:
-    """``"03"`` for ``autograder.checks.ch03``; None for any other module."""
-    match = re.fullmatch(rf"{re.escape(CHECKS_PACKAGE)}\.ch(\d\d)", module)
+    """``"03"`` for ``autograder.checks.ch03`` (or a module of a ``ch03`` package); None otherwise."""
+    match = re.fullmatch(rf"{re.escape(CHECKS_PACKAGE)}\.ch(\d\d)(\.\w+)*", module)
     return match.group(1) if match else None
 
 
