@@ -273,7 +273,7 @@ async def test_a_database_error_is_a_503_and_an_unfinished_answer_a_501(ans, poo
 
 
 async def test_the_load_generator_alternates_paths_in_one_run(ans, pool):
-    links = await ch12.seed_links(pool, 50)
+    links = await ch12.make_links(pool, 50)
     await ch12.warm(ans.redis(), links)
     app = shortener_app.make_app(ans.database_url, ans.redis_url, key_prefix=ans.key_prefix, honor_no_cache=True)
     svc = await asyncio.to_thread(Service(app, name="test-12-load").start)

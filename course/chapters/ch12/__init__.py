@@ -259,7 +259,7 @@ async def check_then_insert_alias(pool, url: str, alias: str) -> dict:
 # ============================================================================ data for the load test
 
 
-async def seed_links(pool, n: int) -> dict[str, str]:
+async def make_links(pool, n: int) -> dict[str, str]:
     """``n`` fresh links (ids from the sequence, codes from the shuffle) with COPY: {code: url}."""
     async with pool.connection() as conn:
         cur = await conn.execute("SELECT nextval('link_ids') FROM generate_series(1, %s)", (n,))
