@@ -256,6 +256,19 @@ def _results(root: Path, assignment: str, nb_name: str, source: dict, into: Chec
     return tasks
 
 
+def _manual_notes(source: dict) -> list[str]:
+    """One line per manually graded answer (a graded answer cell): nbgrader leaves it to the instructor."""
+    notes = []
+    for cell in source["cells"]:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and meta.get("solution"):
+            notes.append(
+                f"{meta['grade_id']} ({float(meta.get('points', 0)):g} points) is graded by hand by your "
+                "instructor; course check does not score it"
+            )
+    return notes
+
+
 def _feedback(task_id: str, text: str) -> str:
     """The hidden checks' report when they ran (the public lines repeat part of it)."""
     lines = text.splitlines()
@@ -328,6 +341,7 @@ def check(path: str | Path, *, timeout: float = settings.RUN_TIMEOUT, keep: bool
                     else "nbgrader could not grade this notebook"
                 )
         result.tasks = _results(root, assignment, nb_name, source, result)
+        result.notes.extend(_manual_notes(source))
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
