@@ -306,6 +306,26 @@ async def _check_create_link(r: Report, create_link, pool, watcher) -> None:
         "in PostgreSQL, or raises RequestInProgress and is retried)",
     )
 
+    # --- distinct links at once ----------------------------------------------------------------------
+    await ch12.close_gate(watcher)
+    crowd = Crowd(12, watcher, on_settled=release)
+    try:
+        results = await crowd.run(lambda i: create_link(pool, f"https://example.com/bulk/{i}"))
+    finally:
+        await ch12.open_gate(watcher)
+    made = [x for x in results if isinstance(x, dict)]
+    codes = {x.get("code") for x in made}
+    async with pool.connection() as conn:
+        (count,) = await (
+            await conn.execute("SELECT count(*) FROM links WHERE url LIKE 'https://example.com/bulk/%'")
+        ).fetchone()
+    r.expect(
+        len(made) == 12 and len(codes) == 12 and count == 12,
+        "12 different links created at once: 12 links with 12 different codes",
+        f"12 different links created at once: {tally(results, ok='a link')}, {len(codes)} different codes, "
+        f"{count} rows. Take ids from the sequence (nextval('link_ids')), never from max(id) + 1 or count(*)",
+    )
+
     # --- custom aliases --------------------------------------------------------------------------------
     link = await create_link(pool, "https://example.com/sale", alias="spring-sale")
     rows = await _links(pool, code="spring-sale")
@@ -359,26 +379,6 @@ async def _check_create_link(r: Report, create_link, pool, watcher) -> None:
         "exactly one caller got the alias, 9 got AliasTaken",
         f"10 concurrent creates of one alias: {tally(results, ok='a link')}; links holds {len(rows)} row(s) for "
         f"it. Expected 1 link and 9 x AliasTaken{hint}",
-    )
-
-    # --- distinct links at once ----------------------------------------------------------------------
-    await ch12.close_gate(watcher)
-    crowd = Crowd(12, watcher, on_settled=release)
-    try:
-        results = await crowd.run(lambda i: create_link(pool, f"https://example.com/bulk/{i}"))
-    finally:
-        await ch12.open_gate(watcher)
-    made = [x for x in results if isinstance(x, dict)]
-    codes = {x.get("code") for x in made}
-    async with pool.connection() as conn:
-        (count,) = await (
-            await conn.execute("SELECT count(*) FROM links WHERE url LIKE 'https://example.com/bulk/%'")
-        ).fetchone()
-    r.expect(
-        len(made) == 12 and len(codes) == 12 and count == 12,
-        "12 different links created at once: 12 links with 12 different codes",
-        f"12 different links created at once: {tally(results, ok='a link')}, {len(codes)} different codes, "
-        f"{count} rows. Take ids from the sequence (nextval('link_ids')), never from max(id) + 1 or count(*)",
     )
 
 
