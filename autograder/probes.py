@@ -4,6 +4,8 @@ processes (:class:`Workers`).
 
 Checks in ``autograder/checks/chNN.py`` import these instead of writing their own, so a
 report reads the same in every chapter: ``10 x a response, 2 x UniqueViolation: ...``.
+:class:`Crowd` makes a race between concurrent callers on PostgreSQL happen every time
+(chapters 03 and 12).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from autograder.harness import Report, cell_source, error_line
+from course.kit.faults import VirtualClock
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -387,3 +390,108 @@ class Workers:
                 proc.kill()
                 proc.wait()
         await self.ctl.aclose()
+
+
+# ----------------------------------------------------------------------------- races on PostgreSQL
+
+SETTLE_LIMIT = 2.0  # real seconds a crowd may take to settle before the check moves it on anyway
+LOCK_WAITERS = (
+    "SELECT count(*) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+)
+
+
+class Crowd:
+    """``n`` concurrent callers whose progress the check can see.
+
+    Each caller is "calling" (running learner code), "charging" (held in ``charge``),
+    "sleeping" (in its retry backoff, on a VirtualClock) or "done". The crowd is *settled*
+    when every caller still "calling" is blocked on a PostgreSQL lock. At the first settle
+    the crowd runs ``on_settled`` (open the charge gate, or commit the transaction that
+    holds the accounts); at later settles it wakes the earliest sleeper by advancing the clock.
+    """
+
+    def __init__(self, n: int, watcher, on_settled: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.n = n
+        self.watcher = watcher
+        self.clock = VirtualClock(auto=False)
+        self.state = ["calling"] * n
+        self.wake = [0.0] * n
+        self.gate = asyncio.Event()
+        self.on_settled = on_settled
+        self.released = False
+        self.stalls = 0
+        self.charging_at_release = 0
+        self.sleeping_at_release = 0
+        self.blocked_at_release = 0
+        self._who: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller", default=None)
+
+    async def sleep(self, seconds: float) -> None:
+        i = self._who.get()
+        if i is None:
+            await self.clock.sleep(seconds)
+            return
+        self.state[i] = "sleeping"
+        self.wake[i] = self.clock() + seconds
+        try:
+            await self.clock.sleep(seconds)
+        finally:
+            self.state[i] = "calling"
+
+    async def hold(self) -> None:
+        """Called inside ``charge``: wait here until the crowd has settled once."""
+        i = self._who.get()
+        if i is None or self.gate.is_set():
+            return
+        self.state[i] = "charging"
+        try:
+            await self.gate.wait()
+        finally:
+            self.state[i] = "calling"
+
+    async def _blocked(self) -> int:
+        cur = await self.watcher.execute(LOCK_WAITERS)
+        return (await cur.fetchone())[0]
+
+    async def _settle(self) -> tuple[bool, int]:
+        deadline = time.monotonic() + SETTLE_LIMIT
+        while True:
+            await asyncio.sleep(0.002)
+            calling = self.state.count("calling")
+            blocked = await self._blocked() if calling else 0
+            if blocked >= calling:
+                return True, blocked
+            if time.monotonic() > deadline:
+                return False, blocked
+
+    async def run(self, make_call: Callable[[int], Awaitable]) -> list:
+        async def one(i: int):
+            self._who.set(i)
+            try:
+                return await make_call(i)
+            finally:
+                self.state[i] = "done"
+
+        tasks = [asyncio.create_task(one(i)) for i in range(self.n)]
+        while not all(t.done() for t in tasks):
+            settled, blocked = await self._settle()
+            if all(t.done() for t in tasks):
+                break
+            self.stalls += not settled
+            if not self.released:
+                self.released = True
+                self.charging_at_release = self.state.count("charging")
+                self.sleeping_at_release = self.state.count("sleeping")
+                self.blocked_at_release = blocked
+                self.gate.set()
+                if self.on_settled is not None:
+                    await self.on_settled()
+                continue
+            sleepers = [i for i, s in enumerate(self.state) if s == "sleeping"]
+            if sleepers:
+                t = min(self.wake[i] for i in sleepers)
+                for i in sleepers:
+                    if self.wake[i] <= t:
+                        self.state[i] = "calling"
+                self.clock.advance(max(0.0, t - self.clock()))
+        return await asyncio.gather(*tasks, return_exceptions=True)

@@ -47,6 +47,7 @@ REQUIREMENTS = [
     ("eventsourcing", "eventsourcing"),
     ("tantivy", "tantivy"),
     ("limits", "limits"),
+    ("sqids", "sqids"),
 ]
 
 
