@@ -190,6 +190,7 @@ def build_job(chapter: str, trusted: list[dict], submission: dict) -> dict:
         elif cell["kind"] == "answer":
             cells.append({"kind": "answer", "id": cell["id"], "source": answers.get(cell["id"], "")})
         elif cell["kind"] == "test":
+            cells.append({"kind": "test", "id": cell["id"], "task": cell["task"]})
             tasks.append(cell["task"])
     return {"chapter": chapter[:2], "cells": cells, "tasks": tasks, "cell_timeout": settings.CELL_TIMEOUT}
 

@@ -10,8 +10,10 @@ command alike, so they cannot disagree. The job (JSON on stdin) holds:
 - ``cells``: in notebook order, ``{"kind": "setup" | "answer", "id", "source"}``; setup
   cells come from the chapter's source (never from the learner), answer cells from the
   learner's notebook; demo cells are not in the job at all;
-- ``tasks``: the task ids to grade; ``skip``: cells and tasks a previous run could not
-  finish (they are reported as cut, not run again); ``cell_timeout``: seconds per cell.
+  ``test`` entries (``{"kind": "test", "id", "task"}``) stand where the notebook's test
+  cells stand: each task is graded there, after the cells above it and before the ones below;
+- ``skip``: cells and tasks a previous run could not finish (reported as cut, not run
+  again); ``cell_timeout``: seconds per cell.
 
 Results go to the file descriptor ``RESULTS_FD`` (not stdout, which learner code shares),
 one JSON line per event, each signed with the job's key so that learner code writing to
@@ -136,7 +138,6 @@ def main() -> int:
     run_task = harness.run_task
     snapshot_cls = integrity.Snapshot
     summarize = integrity.summary
-    wanted = [t for t in job["tasks"] if t in tasks]
     skip = set(job.get("skip", []))
     timeout = float(job.get("cell_timeout", 60))
     real_stdout, real_stderr = sys.stdout, sys.stderr
@@ -147,8 +148,39 @@ def main() -> int:
     tampered: dict[str, str] = {}
     snapshot = None
 
+    def grade_task(task_id: str) -> None:
+        nonlocal snapshot
+        if snapshot is None:
+            snapshot = snapshot_cls.take()
+        emit({"event": "task-start", "id": task_id})
+        if f"task:{task_id}" in skip or task_id not in tasks:
+            return
+        result = run_task(tasks[task_id], namespace)
+        changed = snapshot.changes()
+        if changed:
+            snapshot.restore()
+            tampered.setdefault(task_id, summarize(changed))
+        verdict = {
+            "event": "task",
+            "id": task_id,
+            "points": result.points,
+            "max_points": result.max_points,
+            "lines": result.lines,
+            "not_done": result.not_done,
+            "seconds": round(result.seconds, 3),
+            "tampered": tampered.get(task_id),
+        }
+        if verdict["tampered"]:
+            verdict["points"] = 0.0
+        emit(verdict)
+
+    # In notebook order, as a kernel would run them: a task is graded where its test cell
+    # stands, so a later cell that rebinds a name cannot change what an earlier task graded.
     for cell in job["cells"]:
         kind, cell_id = cell["kind"], cell["id"]
+        if kind == "test":
+            grade_task(cell["task"])
+            continue
         if kind == "answer" and snapshot is None:
             snapshot = snapshot_cls.take()  # after the trusted setup, before the learner
         emit({"event": "start", "cell": cell_id, "kind": kind})
@@ -185,30 +217,6 @@ def main() -> int:
             }
         )
 
-    if snapshot is None:
-        snapshot = snapshot_cls.take()
-    for task_id in wanted:
-        emit({"event": "task-start", "id": task_id})
-        if f"task:{task_id}" in skip:
-            continue
-        result = run_task(tasks[task_id], namespace)
-        changed = snapshot.changes()
-        if changed:
-            snapshot.restore()
-            tampered.setdefault(task_id, summarize(changed))
-        verdict = {
-            "event": "task",
-            "id": task_id,
-            "points": result.points,
-            "max_points": result.max_points,
-            "lines": result.lines,
-            "not_done": result.not_done,
-            "seconds": round(result.seconds, 3),
-            "tampered": tampered.get(task_id),
-        }
-        if verdict["tampered"]:
-            verdict["points"] = 0.0
-        emit(verdict)
     emit({"event": "done"})
     out.close()
     with contextlib.suppress(Exception):
