@@ -428,8 +428,8 @@ def plot_reads(latencies: dict[str, list[float]], budget_ms: float = 10.0):
     p99 = [percentile(latencies[k], 99) for k in names]
     fig, ax = plotting.figure(7.5, 2.8)
     y = range(len(names))
-    ax.barh([i + 0.2 for i in y], p99, height=0.4, color=plotting.COLORS["warn"], label="p99")
     ax.barh([i - 0.2 for i in y], p50, height=0.4, color=plotting.COLORS["fix"], label="p50")
+    ax.barh([i + 0.2 for i in y], p99, height=0.4, color=plotting.COLORS["warn"], label="p99")
     ax.axvline(budget_ms, color=plotting.COLORS["bad"], linestyle="--", label=f"budget: {budget_ms:g} ms")
     ax.set_yticks(list(y), names)
     ax.set_xscale("log")
@@ -487,7 +487,7 @@ async def play(pool, r, *, seconds: float, players: int = 40, per_tick: int = 6,
         events = []
         for _ in range(per_tick):
             i += 1
-            player = "you" if rng.random() < 0.08 else f"player{rng.randrange(players):02d}"
+            player = "you" if rng.random() < 0.03 else f"player{rng.randrange(players):02d}"
             events.append({"event_id": f"live-{stamp}-{i}", "player": player, "points": rng.choice([5, 10, 25, 50]),
                            "at": season_clock()})  # fmt: skip
         recorded += await lb.record_batch(pool, r, events)
