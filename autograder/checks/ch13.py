@@ -186,8 +186,8 @@ class BoardGate:
             parked = await self._parked()
             if all(t.done() for t in tasks):
                 break
+            self.stalls += not parked
             if not self.held:
-                self.stalls += not parked
                 continue
             self.held.sort(key=lambda h: (h[0], h[1]))
             _, _, _, go, sent = self.held.pop()
