@@ -93,7 +93,8 @@ def decode(score: float | int) -> tuple[int, int]:
 
 # ----------------------------------------------------------------------------- writing
 
-_APPLY = """
+#: Add an event's points to its player's total (the row lock orders concurrent events of one player).
+ADD_POINTS = """
 INSERT INTO leaderboard_scores AS s (player, points, reached_at) VALUES (%s, %s, %s)
 ON CONFLICT (player) DO UPDATE
     SET points = s.points + EXCLUDED.points,
@@ -121,7 +122,7 @@ async def record(pool, r, event: dict, *, key: str = BOARD, stream: str | None =
         )
         applied = await cur.fetchone() is not None
         if applied:
-            cur = await conn.execute(_APPLY, (player, points, at))
+            cur = await conn.execute(ADD_POINTS, (player, points, at))
         else:  # a redelivery: re-assert the stored total (repairs a board that lost it)
             cur = await conn.execute("SELECT points, reached_at FROM leaderboard_scores WHERE player = %s", (player,))
         row = await cur.fetchone()

@@ -47,7 +47,7 @@ async def record_then_write(pool, r, event: dict, *, pause: float = 0.0, gt: boo
         )
         if await cur.fetchone() is None:
             return
-        cur = await conn.execute(lb._APPLY, (event["player"], event["points"], event["at"]))
+        cur = await conn.execute(lb.ADD_POINTS, (event["player"], event["points"], event["at"]))
         total = await cur.fetchone()
     await asyncio.sleep(pause)
     await r.zadd(BOARD, {event["player"]: lb.encode(*total)}, gt=gt)
