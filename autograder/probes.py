@@ -495,3 +495,37 @@ class Crowd:
                         self.state[i] = "calling"
                 self.clock.advance(max(0.0, t - self.clock()))
         return await asyncio.gather(*tasks, return_exceptions=True)
+# ----------------------------------------------------------------------------- watching a learner's Redis traffic
+
+#: ``await hook(commands, send)``: ``commands`` are the argument tuples sent in one round trip
+#: (one for a command, several for a pipeline); ``send()`` sends them and returns the reply.
+RoundTripHook = Callable[[list[tuple], Callable[[], Awaitable]], Awaitable]
+
+
+def hooked_redis(url: str, hook: RoundTripHook, **kwargs):
+    """A ``redis.asyncio.Redis`` (``decode_responses=True``) whose every round trip goes through ``hook``.
+
+    Commands, pipelines (``MULTI`` or not), ``WATCH`` mode and scripts all pass through it, so a
+    check can count round trips and what they returned, hold a write back until other callers
+    have caught up, or act just before a write reaches the server.
+    """
+    import redis.asyncio as aioredis
+    from redis.asyncio.client import Pipeline
+
+    class HookedPipeline(Pipeline):
+        async def execute(self, raise_on_error: bool = True):
+            stack = [args for args, _ in self.command_stack]
+            return await hook(stack, lambda: super(HookedPipeline, self).execute(raise_on_error))
+
+        async def immediate_execute_command(self, *args, **options):
+            return await hook([args], lambda: super(HookedPipeline, self).immediate_execute_command(*args, **options))
+
+    class HookedRedis(aioredis.Redis):
+        async def execute_command(self, *args, **options):
+            return await hook([args], lambda: super(HookedRedis, self).execute_command(*args, **options))
+
+        def pipeline(self, transaction: bool = True, shard_hint=None):
+            return HookedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+    kwargs.setdefault("decode_responses", True)
+    return HookedRedis.from_url(url, **kwargs)

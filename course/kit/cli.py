@@ -32,6 +32,7 @@ REQUIREMENTS = [
     ("psycopg-pool", "psycopg_pool"),
     ("httpx", "httpx"),
     ("starlette", "starlette"),
+    ("sse-starlette", "sse_starlette"),
     ("uvicorn", "uvicorn"),
     ("tqdm", "tqdm"),
     ("testcontainers", "testcontainers"),
