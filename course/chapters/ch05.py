@@ -104,7 +104,7 @@ def recorder(stream: str, *, fail: dict | None = None, poison: set | None = None
 
 async def live_errors(database_url: str) -> list[tuple[str, BaseException]]:
     """Real errors a consumer meets: from PostgreSQL, from an HTTP dependency, from bad messages."""
-    from course.retry import live_errors as http_errors
+    from course.kit.faults import http_errors
 
     out: list[tuple[str, BaseException]] = []
     for step, err in await http_errors(("429", "503", "502", "504", "reset", "400", "404", "422"), timeout=0.3):

@@ -563,3 +563,27 @@ def kill_postgres_backend(conn, pid: int) -> bool:
     """
     row = conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()
     return bool(row and row[0])
+
+
+# ----------------------------------------------------------------------------- real errors
+
+#: FlakyService steps, one call each in :func:`http_errors`: statuses, a reset, a hang.
+HTTP_STEPS = ("200", "400", "401", "404", "408", "409", "422", "429", "500", "502", "503", "504", "reset", "hang")
+
+
+async def http_errors(steps=HTTP_STEPS, *, timeout: float = 0.2) -> list[tuple[str, BaseException | None]]:
+    """Call a live :class:`FlakyService` once per step, with httpx, and keep the exception each
+    call raised (``raise_for_status`` for statuses; ``None`` for a 2xx): the real errors a
+    client meets, for chapters that classify them (01: retry or not; 05: a message's fate)."""
+    import httpx
+
+    out: list[tuple[str, BaseException | None]] = []
+    async with FlakyService(Schedule(" ".join(steps)), name="errors") as svc:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            for step in steps:
+                try:
+                    (await client.get(svc.url + "/item")).raise_for_status()
+                    out.append((step, None))
+                except Exception as err:  # noqa: BLE001 - collecting what each step raises
+                    out.append((step, err))
+    return out

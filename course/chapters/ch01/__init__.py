@@ -31,7 +31,7 @@ import numpy as np
 from course.backoff import make, sample
 from course.budgets import Deadline, DeadlineExceeded, RetryBudget
 from course.hedging import HedgeStats, hedged
-from course.kit.faults import FlakyDependency, FlakyService, Schedule, VirtualClock
+from course.kit.faults import HTTP_STEPS, FlakyDependency, FlakyService, Schedule, VirtualClock, http_errors
 from course.kit.stats import percentile
 from course.retry import with_retry
 
@@ -213,25 +213,9 @@ async def layered_calls(layers: int, attempts_per_layer: int) -> int:
 # ----------------------------------------------------------------------------- real errors
 
 
-#: FlakyService steps and the error each one makes for an httpx client (see :func:`live_errors`).
-LIVE_STEPS = ("200", "400", "401", "404", "408", "409", "422", "429", "500", "502", "503", "504", "reset", "hang")
-
-
-async def live_errors(steps=LIVE_STEPS, *, timeout: float = 0.2) -> list[tuple[str, BaseException | None]]:
-    """Call a live :class:`~course.kit.faults.FlakyService` once per step, with httpx, and keep
-    the exception each call raised (``raise_for_status`` for statuses; ``None`` for a 2xx)."""
-    from course.kit.faults import FlakyService, Schedule
-
-    out: list[tuple[str, BaseException | None]] = []
-    async with FlakyService(Schedule(" ".join(steps)), name="errors") as svc:
-        async with httpx.AsyncClient(timeout=timeout) as client:
-            for step in steps:
-                try:
-                    (await client.get(svc.url + "/item")).raise_for_status()
-                    out.append((step, None))
-                except Exception as err:  # noqa: BLE001 - collecting what each step raises
-                    out.append((step, err))
-    return out
+# The real errors of each kind of failure are made by the toolkit (chapter 05 shows them too).
+LIVE_STEPS = HTTP_STEPS
+live_errors = http_errors
 
 
 # ----------------------------------------------------------------------------- retry budgets
