@@ -41,6 +41,7 @@ REQUIREMENTS = [
     ("purgatory", "purgatory"),
     ("aiobreaker", "aiobreaker"),
     ("cachetools", "cachetools"),
+    ("temporalio", "temporalio"),
 ]
 
 
