@@ -176,7 +176,7 @@ def user_status(state: SagaState) -> str:
         return "cancelled"
     if state.compensating:
         return "cancelling"
-    return "pending" if state.data is not None else "unknown"
+    return "pending" if state.data is not None else "not found"
 
 
 # ----------------------------------------------------------------------------- the orchestrator

@@ -3,8 +3,9 @@
 Crashes are deterministic: a trigger counts the writes the learner's code makes to the
 saga's tables (or the outbox) and, armed at ``k``, fails the k-th write and every later
 one, so the process "dies" just before that write (:mod:`course.chapters.ch06.crashes`).
-The check visits every ``k`` of a run, then starts a fresh replica of the answer (a new
-process: no memory of the old one) and runs the recovery. Transient failures are SQLSTATE
+The check visits every ``k`` of a run (one order per ``k``, several orders at once, each
+crashing at its own write), then starts a fresh replica of the answer (a new process: no
+memory of the old one) and runs the recovery. Transient failures are SQLSTATE
 40001 on a refund or a stock return. Races are made to happen every time: a relay is
 held at its first publish until the second relay has finished or is blocked in
 PostgreSQL; two recoverers are held at the stock row until both are blocked or done.
@@ -33,6 +34,7 @@ BROKEN = (
     "RETURNING ...), in the same transaction"
 )
 CALL_LIMIT = 10.0  # real seconds one call may take once its process has "died"
+CRASHING_AT_ONCE = 4  # orders crashed concurrently (each at its own write)
 
 # ----------------------------------------------------------------------------- order_saga
 
@@ -109,9 +111,9 @@ async def _final_row(pool, saga_id: str) -> tuple[int, str | None]:
     return n, final
 
 
-def _crash_sleep(plan: CrashPlan, clock: VirtualClock):
+def _crash_sleep(plan: CrashPlan, clock: VirtualClock, order: dict | None = None):
     async def sleep(seconds: float) -> None:
-        if await plan.fired():
+        if await plan.fired(order):
             raise SimulatedCrash("the process is dead: its sleep never returns")
         await clock.sleep(seconds)
 
@@ -271,19 +273,23 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
     # --- a crash before every write, then recovery in a new process ---------------------------------
     (runner,) = r.replicas("run_order_saga", 1)
     recoverers = r.replicas("recover_sagas", 3)
-    totals: dict[str, int] = {}
+    gate = asyncio.Semaphore(CRASHING_AT_ONCE)
+
+    async def crash(order):
+        async with gate:
+            return await _run_dead(runner, pool, order, sleep=_crash_sleep(plan, clock, order))
+
     for kind_name, want in (("completing", "completed"), ("declined", "compensated"), ("unshippable", "compensated")):
         order = await orders.new(kind_name)
-        await plan.trace()
+        await plan.trace(order)
         got = await runner(pool, order, sleep=clock.sleep)
-        names = await plan.traced()
+        names = await plan.traced(order)
         if got != want:
             r.fail(f"a {kind_name} order ({order['order_id']}) returned {got!r}, expected {want!r}")
         batch = await orders.many(kind_name, len(names))
-        for k, order in enumerate(batch, 1):
-            await plan.arm(k)
-            await _run_dead(runner, pool, order, sleep=_crash_sleep(plan, clock))
-            await plan.disarm()
+        await plan.arm_orders([(order, k) for k, order in enumerate(batch, 1)])
+        await asyncio.gather(*(crash(order) for order in batch))
+        await plan.disarm()
         try:
             await asyncio.wait_for(recoverers[0](pool, sleep=clock.sleep), CALL_LIMIT * 3)
         except (TimeoutError, asyncio.TimeoutError):
@@ -320,8 +326,6 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
             counts[end] = counts.get(end, 0) + 1
         summary = ", ".join(f"{n} {end}" for end, n in sorted(counts.items()))
         r.ok(f"a {kind_name} order crashed before each of its {len(names)} writes, then recovered: {summary}")
-        for end, n in counts.items():
-            totals[end] = totals.get(end, 0) + n
 
     # --- recovery again changes nothing ----------------------------------------------------------
     ids = list(orders.kind)
@@ -341,15 +345,15 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
 
 async def _two_recoverers(r: Report, pool, plan, control, orders: Orders, runner, pair, clock) -> None:
     order = await orders.new("unshippable")
-    await plan.trace()
+    await plan.trace(order)
     await runner(pool, order, sleep=clock.sleep)
-    names = await plan.traced()
+    names = await plan.traced(order)
     at = next((i + 1 for i, n in enumerate(names) if n.startswith("update ch06_reservations")), None)
     if at is None:
         r.fail("release_stock never updated ch06_reservations: mark the reservation 'released'")
     order = await orders.new("unshippable")
-    await plan.arm(at)
-    await _run_dead(runner, pool, order, sleep=_crash_sleep(plan, clock))
+    await plan.arm_orders([(order, at)])
+    await _run_dead(runner, pool, order, sleep=_crash_sleep(plan, clock, order))
     await plan.disarm()
     r.note(
         f"{order['order_id']}: crashed just before write {at} ({names[at - 1]}); two replicas run recover_sagas() "

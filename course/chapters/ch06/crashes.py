@@ -1,7 +1,7 @@
 """Deterministic faults inside PostgreSQL for chapter 06: crashes at every write, transient failures.
 
 **A crash before the k-th write.** A trigger on every table a piece of code writes counts
-its row writes. Armed at ``k``, the k-th write and every one after it fail: the process
+its row writes (all of them, or one order's: :class:`CrashPlan`). Armed at ``k``, the k-th write and every one after it fail: the process
 "died" just before that write, so nothing it does afterwards lands (its compensations
 and log rows fail too). Enumerating ``k = 1 .. N`` visits every boundary between two
 local transactions (a crash in the middle of a transaction rolls it back, the same as a
@@ -22,17 +22,18 @@ from psycopg import sql
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ch06_crash_plan (
-    id      int PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+    alias   text PRIMARY KEY,
+    run     text NOT NULL,
+    counter text NOT NULL,
     at      bigint,
     tracing boolean NOT NULL DEFAULT false
 );
-INSERT INTO ch06_crash_plan (id) VALUES (1) ON CONFLICT DO NOTHING;
 CREATE UNLOGGED TABLE IF NOT EXISTS ch06_crash_trace (
-    n    bigint PRIMARY KEY,
-    what text NOT NULL
+    run  text NOT NULL,
+    n    bigint NOT NULL,
+    what text NOT NULL,
+    PRIMARY KEY (run, n)
 );
-CREATE SEQUENCE IF NOT EXISTS ch06_crash_writes;
-CREATE SEQUENCE IF NOT EXISTS ch06_crash_fired MINVALUE 0 START 0;
 CREATE OR REPLACE FUNCTION ch06_crash_point() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     plan record;
@@ -40,27 +41,50 @@ DECLARE
     r    jsonb;
     what text;
 BEGIN
-    SELECT at, tracing INTO plan FROM ch06_crash_plan WHERE id = 1;
-    IF plan.at IS NULL AND NOT plan.tracing THEN
+    r := to_jsonb(COALESCE(NEW, OLD));
+    SELECT p.run, p.counter, p.at, p.tracing INTO plan FROM ch06_crash_plan p
+    WHERE p.alias IN (r->>'saga_id', r->>'order_id', r->>'aggregate_id', r->>'sku', r->>'customer', '*')
+    ORDER BY p.alias = '*' LIMIT 1;
+    IF NOT FOUND THEN
         RETURN COALESCE(NEW, OLD);
     END IF;
-    k := nextval('ch06_crash_writes');
-    r := to_jsonb(COALESCE(NEW, OLD));
+    k := nextval(plan.counter);
     what := lower(TG_OP) || ' ' || TG_TABLE_NAME || CASE
         WHEN TG_TABLE_NAME = 'saga_log' THEN format(' (%s, %s)', r->>'step', r->>'event')
         WHEN TG_TABLE_NAME = 'outbox' AND TG_OP = 'INSERT' THEN format(' (%s %s)', r->>'aggregate_id', r->>'event_type')
         WHEN TG_OP <> 'DELETE' AND r ? 'status' THEN format(' (%s)', r->>'status')
         ELSE '' END;
     IF plan.tracing THEN
-        INSERT INTO ch06_crash_trace VALUES (k, what) ON CONFLICT DO NOTHING;
+        INSERT INTO ch06_crash_trace VALUES (plan.run, k, what) ON CONFLICT DO NOTHING;
     END IF;
     IF plan.at IS NOT NULL AND k >= plan.at THEN
-        IF (SELECT last_value FROM ch06_crash_fired) = 0 THEN
-            PERFORM setval('ch06_crash_fired', k);
-        END IF;
         RAISE EXCEPTION 'injected crash: the process died before this write (%)', what;
     END IF;
     RETURN COALESCE(NEW, OLD);
+END $$;
+CREATE OR REPLACE FUNCTION ch06_crash_arm(p_run text, p_aliases text[], p_at bigint, p_tracing boolean)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    seq text := 'ch06_crash_n_' || left(md5(p_run), 16);
+BEGIN
+    EXECUTE format('CREATE SEQUENCE IF NOT EXISTS %I', seq);
+    PERFORM setval(seq, 1, false);
+    DELETE FROM ch06_crash_trace WHERE run = p_run;
+    DELETE FROM ch06_crash_plan WHERE run = p_run;
+    INSERT INTO ch06_crash_plan (alias, run, counter, at, tracing)
+    SELECT a, p_run, seq, p_at, p_tracing FROM unnest(p_aliases) a
+    ON CONFLICT (alias) DO UPDATE SET run = EXCLUDED.run, counter = EXCLUDED.counter, at = EXCLUDED.at,
+        tracing = EXCLUDED.tracing;
+END $$;
+CREATE OR REPLACE FUNCTION ch06_crash_count(p_run text) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    seq text := 'ch06_crash_n_' || left(md5(p_run), 16);
+    n   bigint;
+BEGIN
+    EXECUTE format('SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM %I', seq) INTO n;
+    RETURN n;
+EXCEPTION WHEN undefined_table THEN
+    RETURN 0;
 END $$;
 
 CREATE TABLE IF NOT EXISTS ch06_flaky_plan (
@@ -95,6 +119,11 @@ class CrashPlan:
 
     ``await CrashPlan.install(conn, tables)`` puts the crash trigger on ``tables`` (and the
     transient-failure triggers on the shop's stock and wallets when they are among them).
+
+    A *run* is whose writes are counted: every write (``arm(k)``, the whole process), or
+    one order's (``arm_orders``): a write belongs to an order when its row's ``saga_id``,
+    ``order_id``, ``aggregate_id``, ``sku`` or ``customer`` is one of the order's, so many
+    orders can crash at different points at the same time.
     """
 
     def __init__(self, conn) -> None:
@@ -117,40 +146,64 @@ class CrashPlan:
         await plan.disarm()
         return plan
 
-    async def _reset(self, at: int | None, tracing: bool) -> None:
+    @staticmethod
+    def _run(order: dict | None) -> tuple[str, list[str]]:
+        if order is None:
+            return "*", ["*"]
+        aliases = [order[k] for k in ("order_id", "sku", "customer") if order.get(k)]
+        return order["order_id"], list(dict.fromkeys(aliases))
+
+    async def _arm(self, runs: list[tuple[dict | None, int | None, bool]]) -> None:
+        rows = [(*self._run(order), at, tracing) for order, at, tracing in runs]
         await self.conn.execute(
-            "WITH plan AS (UPDATE ch06_crash_plan SET at = %s, tracing = %s WHERE id = 1 RETURNING id) "
-            "SELECT setval('ch06_crash_writes', 1, false), setval('ch06_crash_fired', 0) FROM plan",
-            (at, tracing),
+            "SELECT ch06_crash_arm(r, string_to_array(a, chr(31)), at, t) "
+            "FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::boolean[]) AS x(r, a, at, t)",
+            (
+                [r[0] for r in rows],
+                [chr(31).join(r[1]) for r in rows],
+                [r[2] for r in rows],
+                [r[3] for r in rows],
+            ),
         )
 
     async def arm(self, at: int) -> None:
-        """From now on, the ``at``-th write (1 = the next) and every later one fail."""
-        await self._reset(at, False)
+        """From now on, the ``at``-th write (1 = the next) and every later one fail, whoever writes."""
+        await self.disarm()
+        await self._arm([(None, at, False)])
+
+    async def arm_orders(self, plans: list[tuple[dict, int]]) -> None:
+        """``[(order, k)]``: each order's k-th write and every later one of that order fail."""
+        await self._arm([(order, at, False) for order, at in plans])
 
     async def disarm(self) -> None:
-        """Writes go through again (the process was restarted)."""
-        await self._reset(None, False)
+        """Writes go through again (the processes were restarted)."""
+        await self.conn.execute("DELETE FROM ch06_crash_plan")
 
-    async def fired(self) -> int:
-        """The number of the write the crash fired at, or 0 if it has not fired."""
-        cur = await self.conn.execute("SELECT last_value FROM ch06_crash_fired")
-        return int((await cur.fetchone())[0])
+    async def fired(self, order: dict | None = None) -> bool:
+        """Has the armed crash (of ``order``, or the global one) fired?"""
+        run = self._run(order)[0]
+        cur = await self.conn.execute(
+            "SELECT at IS NOT NULL AND ch06_crash_count(%s) >= at FROM ch06_crash_plan WHERE run = %s LIMIT 1",
+            (run, run),
+        )
+        row = await cur.fetchone()
+        return bool(row and row[0])
 
-    async def trace(self) -> None:
-        """Start a dry run: count and name every write, fail none."""
-        await self.conn.execute("TRUNCATE ch06_crash_trace")
-        await self._reset(None, True)
+    async def trace(self, order: dict | None = None) -> None:
+        """Start a dry run: count and name every write (of ``order``, or all), fail none."""
+        if order is None:
+            await self.disarm()
+        await self._arm([(order, None, True)])
 
-    async def traced(self) -> list[str]:
-        """End the dry run: the name of write 1, 2, ... N (a write whose transaction rolled back
+    async def traced(self, order: dict | None = None) -> list[str]:
+        """End the dry run: the names of write 1, 2, ... N (a write whose transaction rolled back
         left no name and reads as such)."""
-        cur = await self.conn.execute("SELECT last_value, is_called FROM ch06_crash_writes")
-        last, called = await cur.fetchone()
-        count = int(last) if called else 0
-        cur = await self.conn.execute("SELECT n, what FROM ch06_crash_trace ORDER BY n")
+        run = self._run(order)[0]
+        cur = await self.conn.execute("SELECT ch06_crash_count(%s)", (run,))
+        count = int((await cur.fetchone())[0])
+        cur = await self.conn.execute("SELECT n, what FROM ch06_crash_trace WHERE run = %s ORDER BY n", (run,))
         names = dict(await cur.fetchall())
-        await self.disarm()
+        await self.conn.execute("DELETE FROM ch06_crash_plan WHERE run = %s", (run,))
         return [names.get(n, "a write whose transaction rolled back") for n in range(1, count + 1)]
 
     async def flaky(self, point: str, failures: int) -> None:

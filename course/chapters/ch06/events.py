@@ -294,7 +294,9 @@ async def relay_latency(
 ) -> list[float]:
     """Seconds from each event's commit to its arrival in the stream, with a relay polling every ``interval``."""
     stop = asyncio.Event()
-    relay = asyncio.ensure_future(outbox.relay_forever(pool, redis, stream, interval=interval, stop=stop, limit=50))
+    relay = asyncio.ensure_future(
+        outbox.relay_forever(pool, redis, stream, interval=interval, stop=stop, limit=50, relay=relay_skip_locked)
+    )
     committed: dict[str, float] = {}
     latencies: list[float] = []
     last = "$"
