@@ -72,7 +72,8 @@ async def prepared_now(conn, prefix: str) -> list[tuple]:
     cur = await conn.execute(
         """
         SELECT p.gid, extract(epoch FROM now() - p.prepared)::float,
-               (SELECT count(*) FROM pg_locks l WHERE l.pid IS NULL AND l.virtualtransaction = x.virtualtransaction)
+               (SELECT count(*) FROM pg_locks l WHERE l.pid IS NULL AND l.virtualtransaction = x.virtualtransaction
+                AND coalesce(l.relation::regclass::text, '') NOT LIKE 'ch06\\_crash%%')
         FROM pg_prepared_xacts p
         JOIN pg_locks x ON x.locktype = 'transactionid' AND x.transactionid = p.transaction AND x.pid IS NULL
         WHERE p.gid LIKE %s ORDER BY p.gid
@@ -127,7 +128,9 @@ async def coordinator_dies(dsn: str, order: dict, other: dict, prefix: str, *, o
                 JOIN pg_locks x ON x.virtualtransaction = l.virtualtransaction AND x.locktype = 'transactionid'
                                 AND x.pid IS NULL
                 JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
-                WHERE l.pid IS NULL AND p.gid LIKE %s ORDER BY p.gid, l.locktype
+                WHERE l.pid IS NULL AND p.gid LIKE %s
+                  AND coalesce(l.relation::regclass::text, '') NOT LIKE 'ch06\\_crash%%'  -- the chapter's fault tool
+                ORDER BY p.gid, l.locktype
                 """,
                 (prefix + "%",),
             )
