@@ -34,7 +34,7 @@ BROKEN = (
     "RETURNING ...), in the same transaction"
 )
 CALL_LIMIT = 10.0  # real seconds one call may take once its process has "died"
-CRASHING_AT_ONCE = 4  # orders crashed concurrently (each at its own write)
+CRASHING_AT_ONCE = 5  # orders crashed at once, each at its own write (5 x 2 nested connections < the pool of 12)
 
 # ----------------------------------------------------------------------------- order_saga
 
