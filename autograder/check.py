@@ -1,37 +1,22 @@
-"""``course check``: grade one notebook exactly as the instructor's ``nbgrader autograde`` would.
+"""``course check``: grade one notebook exactly as the instructor's ``nbgrader autograde`` does.
 
-It builds a throwaway nbgrader course around the notebook (the chapter's source from
-``solutions/``, the notebook as a submission), runs nbgrader's own generate_assignment
-and autograde in a child process under a hard time limit, and reads the scores back from
-nbgrader's gradebook, so ``course check`` and the instructor can never disagree.
-
-Code that hangs in a way nbgrader cannot interrupt (a loop that swallows
-KeyboardInterrupt) is found by running the notebook cell by cell; such a cell is replaced
-by one that raises, and the grading is run again, so only that cell's tasks lose points.
+Both go through :func:`autograder.grading.grade`: the chapter's setup cells (from the
+manifest that ships in ``autograder/manifests/``, so a class copy without ``solutions/``
+can check itself), the learner's answer cells and the hidden checks, in a fresh sandboxed
+process. What the learner's kernel did, and any demo cell, has no say in the grade.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from autograder import settings
+from autograder import grading, settings
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
-STUDENT = "learner"
-CUT_CELL = 'raise RuntimeError("course check: this cell ran past the time limit and ignored the interrupt; it was cut")'
 
 
 class BadInput(Exception):
@@ -55,8 +40,10 @@ class CheckResult:
     max_score: float
     tasks: list[TaskResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    cell_errors: list[str] = field(default_factory=list)  # non-test cells that raised
+    cell_errors: list[str] = field(default_factory=list)  # setup or answer cells that raised
+    tampered: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    sandboxed: bool = False
 
     def as_json(self) -> dict:
         return {
@@ -71,7 +58,7 @@ class CheckResult:
 
 
 def chapters() -> dict[str, Path]:
-    """Assignment name -> its source notebook in solutions/."""
+    """Assignment name -> its source notebook in solutions/ (the instructor's copy only)."""
     found = {}
     for nb in sorted(SOLUTIONS.glob("[0-9][0-9]_*/*.ipynb")):
         if nb.stem == nb.parent.name:
@@ -79,16 +66,8 @@ def chapters() -> dict[str, Path]:
     return found
 
 
-def _grade_ids(nb: dict) -> set[str]:
-    ids = set()
-    for cell in nb.get("cells", []):
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("grade_id"):
-            ids.add(meta["grade_id"])
-    return ids
-
-
 def read_notebook(path: Path) -> dict:
+    path = Path(path)
     if not path.exists():
         raise BadInput(f"{path}: no such file")
     if path.is_dir():
@@ -106,234 +85,56 @@ def read_notebook(path: Path) -> dict:
     return nb
 
 
+def _answer_ids(cells: list[dict]) -> set[str]:
+    return {c["id"] for c in cells if c["kind"] == "answer"}
+
+
 def identify(path: Path, nb: dict) -> str:
-    """Which chapter a notebook belongs to: by its metadata, its graded cells or its name."""
-    known = chapters()
-    tagged = nb.get("metadata", {}).get("course", {}).get("chapter")
+    """Which chapter a notebook belongs to: by its metadata, its answer cells or its name."""
+    known = grading.known_chapters()
+    tagged = (nb.get("metadata", {}).get("course", {}) or {}).get("chapter")
     if tagged in known:
         return tagged
-    ids = _grade_ids(nb)
+    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb["cells"]} - {None}
     if ids:
-        best = max(known, key=lambda ch: len(ids & _grade_ids(read_notebook(known[ch]))), default=None)
-        if best and ids & _grade_ids(read_notebook(known[best])):
+        overlap = {ch: len(ids & _answer_ids(grading.read_manifest(ch))) for ch in known}
+        best = max(overlap, key=overlap.get, default=None)
+        if best and overlap[best]:
             return best
-    if path.stem in known:
-        return path.stem
+    if Path(path).stem in known:
+        return Path(path).stem
     raise BadInput(f"{path}: not a notebook of a known chapter ({', '.join(known) or 'none found'})")
 
 
 # ----------------------------------------------------------------------------- grading
 
 
-def _cache_dir(source: Path) -> Path:
-    """Where the gradebook generated from this exact source (and nbgrader) is kept."""
-    import hashlib
+def check(path: str | Path, *, sandbox: str | None = None, timeout: float = settings.RUN_TIMEOUT) -> CheckResult:
+    """Grade ``path``; raise :class:`BadInput` for what cannot be graded.
 
-    import nbgrader
-
-    from course.kit.backends import state_dir
-
-    digest = hashlib.sha256(nbgrader.__version__.encode())
-    for path in sorted(source.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and not path.name.startswith("."):
-            digest.update(path.relative_to(source).as_posix().encode())
-            digest.update(path.read_bytes())
-    return state_dir() / "check-cache" / f"{source.name}-{digest.hexdigest()[:16]}"
-
-
-def _child_env() -> dict:
-    """Environment for the grading process: live servers resolved once, here."""
-    from course.kit import backends
-
-    env = dict(os.environ)
-    srv = backends.servers()
-    env.update(srv.as_env())
-    env["COURSE_BACKEND"] = "env"
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("MPLBACKEND", "Agg")
-    return env
-
-
-def _run_job(root: Path, assignment: str, timeout: float) -> tuple[bool, str]:
-    """Run generate_assignment + autograde in a child; kill its whole group when it is stuck.
-
-    Stuck means past ``timeout``, or a second cell timing out: after a cell ignored
-    nbgrader's interrupt, every later cell would wait out its own time limit in turn.
+    ``sandbox``: ``"required"`` (the default: stop when no sandbox works here), ``"auto"``
+    or ``"off"``; see :func:`autograder.grading.grade`.
     """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autograder.nbgrader_job", str(root), assignment, STUDENT],
-        cwd=root,
-        env=_child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    stuck = threading.Event()
-    interrupts = []
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if "Interrupting kernel" in line:
-                interrupts.append(line)
-                if len(interrupts) >= 2:
-                    stuck.set()
-        stuck.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    stuck.wait(timeout)  # set at the end of the output too
-    if proc.poll() is None:
-        try:
-            proc.wait(2)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):  # already gone
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            reader.join(5)
-            why = "a cell kept running after its time limit" if len(interrupts) >= 2 else f"it took over {timeout:g} s"
-            return False, f"grading was stopped: {why}\n" + "".join(lines[-20:])
-    reader.join(5)
-    return proc.returncode == 0, "".join(lines)
-
-
-def _find_hanging_cells(nb_path: Path, timeout: float) -> list[int]:
-    """Run the notebook cell by cell; return indices of cells that would not stop."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "autograder.nbgrader_job", "--probe", str(nb_path), str(timeout)],
-        env=_child_env(),
-        capture_output=True,
-        text=True,
-        timeout=settings.RUN_TIMEOUT,
-    )
-    match = re.search(r"HANGING (\[.*\])", proc.stdout)
-    return json.loads(match.group(1)) if match else []
-
-
-def _cell_errors(graded_nb: dict) -> list[str]:
-    """``cell N: NameError: ...`` for every cell outside the test cells that raised."""
-    found = []
-    for index, cell in enumerate(graded_nb["cells"]):
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
-            continue
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                found.append(f"cell {index + 1}: {out.get('ename')}: {_ANSI.sub('', out.get('evalue', ''))[:200]}")
-    return found
-
-
-def _results(root: Path, assignment: str, nb_name: str, source: dict, into: CheckResult) -> list[TaskResult]:
-    from nbgrader.api import Gradebook
-
-    autograded = root / "autograded" / STUDENT / assignment / f"{nb_name}.ipynb"
-    outputs: dict[str, str] = {}
-    if autograded.exists():
-        graded_nb = json.loads(autograded.read_text())
-        into.cell_errors = _cell_errors(graded_nb)
-        for cell in graded_nb["cells"]:
-            gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-            if gid:
-                outputs[gid] = _cell_text(cell)
-    tasks = []
-    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
-        for cell in source["cells"]:
-            meta = cell.get("metadata", {}).get("nbgrader", {})
-            if not (meta.get("grade") and cell["cell_type"] == "code"):
-                continue
-            gid = meta["grade_id"]
-            try:
-                grade = gb.find_grade(gid, nb_name, assignment, STUDENT)
-                points = grade.score
-            except Exception:  # noqa: BLE001 - no grade recorded means nothing earned
-                points = 0.0
-            max_points = float(meta.get("points", 0))
-            task_id = gid.removeprefix("check_")
-            feedback = _feedback(task_id, outputs.get(gid, ""))
-            tasks.append(TaskResult(task_id, float(points or 0.0), max_points, (points or 0) >= max_points, feedback))
-    return tasks
-
-
-def _feedback(task_id: str, text: str) -> str:
-    """The hidden checks' report when they ran (the public lines repeat part of it)."""
-    lines = text.splitlines()
-    for index, line in enumerate(lines):
-        if re.match(rf"{re.escape(task_id)}: [0-9.]+/[0-9.]+ points$", line):
-            body = [x for x in lines[index + 1 :] if not x.startswith("TaskFailed:")]
-            return "\n".join(x[2:] if x.startswith("  ") else x for x in body).strip()
-    return "\n".join(x.strip() for x in lines if x.strip()).strip()
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _cell_text(cell: dict) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "stream":
-            parts.append("".join(out.get("text", "")))
-        elif out.get("output_type") == "error":
-            parts.append(_ANSI.sub("", "\n".join(out.get("traceback", [])[-3:])))
-        elif out.get("output_type") == "execute_result":
-            parts.append("".join(out.get("data", {}).get("text/plain", "")))
-    return "\n".join(p.rstrip("\n") for p in parts if p).strip()
-
-
-def check(path: str | Path, *, timeout: float = settings.RUN_TIMEOUT, keep: bool = False) -> CheckResult:
-    """Grade ``path`` with nbgrader; raise :class:`BadInput` for what cannot be graded."""
-    started = time.perf_counter()
+    sandbox = sandbox or settings.SANDBOX
     path = Path(path)
     nb = read_notebook(path)
-    assignment = identify(path, nb)
-    source_nb = chapters()[assignment]
-    source = read_notebook(source_nb)
-    nb_name = source_nb.stem
-    result = CheckResult(str(path), assignment, 0.0, 0.0)
-
-    root = Path(tempfile.mkdtemp(prefix="course-check-"))
-    try:
-        settings.write_config(
-            root, "c.CourseDirectory.source_directory = 'source'\nc.CourseDirectory.release_directory = 'release'\n"
-        )
-        shutil.copytree(
-            source_nb.parent, root / "source" / assignment, ignore=shutil.ignore_patterns(".*", "__pycache__")
-        )
-        cached = _cache_dir(source_nb.parent) / "gradebook.db"
-        if cached.exists():
-            shutil.copy2(cached, root / "gradebook.db")
-        submitted = root / "submitted" / STUDENT / assignment
-        submitted.mkdir(parents=True)
-        (submitted / f"{nb_name}.ipynb").write_text(json.dumps(nb))
-        ok, log = _run_job(root, assignment, timeout)
-        if (root / "gradebook.generated.db").exists() and not cached.exists():
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            partial = cached.with_suffix(f".{os.getpid()}.tmp")
-            shutil.copy2(root / "gradebook.generated.db", partial)
-            os.replace(partial, cached)  # atomic: concurrent checks never read half a file
-        if not ok or "GRADED" not in log:
-            cut = _find_hanging_cells(submitted / f"{nb_name}.ipynb", settings.CELL_TIMEOUT)
-            if cut:
-                for index in cut:
-                    nb["cells"][index]["source"] = CUT_CELL
-                    result.notes.append(f"cell {index + 1} ran past the time limit and ignored the interrupt: cut")
-                (submitted / f"{nb_name}.ipynb").write_text(json.dumps(nb))
-                shutil.rmtree(root / "autograded", ignore_errors=True)
-                ok, log = _run_job(root, assignment, timeout)
-            if not ok or "GRADED" not in log:
-                result.notes.append(
-                    "nbgrader could not grade this notebook: " + log.strip().splitlines()[-1:][0]
-                    if log.strip()
-                    else "nbgrader could not grade this notebook"
-                )
-        result.tasks = _results(root, assignment, nb_name, source, result)
-    finally:
-        if not keep:
-            shutil.rmtree(root, ignore_errors=True)
-    result.score = round(sum(t.points for t in result.tasks), 2)
-    result.max_score = round(sum(t.max_points for t in result.tasks), 2)
-    result.seconds = time.perf_counter() - started
+    chapter = identify(path, nb)
+    graded = grading.grade(chapter, grading.read_manifest(chapter), nb, sandbox=sandbox, run_timeout=timeout)
+    result = CheckResult(str(path), chapter, graded.score, graded.max_score, seconds=graded.seconds)
+    result.sandboxed = graded.sandboxed
+    for t in graded.tasks:
+        feedback = "\n".join(line[2:] if line.startswith("  ") else line for line in t.feedback).strip()
+        result.tasks.append(TaskResult(t.id, t.points, t.max_points, t.passed, feedback or t.status))
+        if t.tampered:
+            result.tampered.append(f"{t.id}: {t.tampered}")
+    result.notes = list(graded.notes)
+    for m in graded.manual:
+        result.notes.append(f"{m['id']} ({m['points']:g} points) is graded by your instructor, not by course check")
+    for cell in graded.cells.values():
+        if cell.kind == "setup" and not cell.ok:
+            result.cell_errors.append(f"setup cell {cell.id}: {cell.error or cell.cut}")
+        elif cell.kind == "answer" and cell.error and "NotImplementedError" not in cell.error:
+            result.cell_errors.append(f"answer cell {cell.id}: {cell.error}")
     return result
 
 
@@ -346,5 +147,46 @@ def render(res: CheckResult) -> str:
         lines.append("")
     lines.extend(f"note: {n}" for n in res.notes)
     lines.extend(f"note: {e}" for e in res.cell_errors)
-    lines.append(f"total: {res.score:g}/{res.max_score:g} ({res.seconds:.1f} s)")
+    lines.extend(f"tampering: {t}" for t in res.tampered)
+    where = "sandboxed" if res.sandboxed else "NOT sandboxed"
+    lines.append(f"total: {res.score:g}/{res.max_score:g} ({res.seconds:.1f} s, {where})")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``course check PATH [--json]``: exit 0 at full marks, 1 when a task falls short, 2 on bad input.
+
+    ``course check`` (:mod:`course.kit.cli`) runs this as ``python -m autograder.check``: the
+    toolkit starts the grader as a program and never imports it.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="course check", description="grade a chapter notebook as the instructor would"
+    )
+    parser.add_argument("path", help="a chapter notebook (.ipynb)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="grade without the sandbox (where bubblewrap is missing): the code runs with your rights",
+    )
+    args = parser.parse_args(argv)
+    if args.no_sandbox:
+        print("course check: grading WITHOUT a sandbox: the notebook's code runs with your own rights", file=sys.stderr)
+    try:
+        res = check(args.path, sandbox="off" if args.no_sandbox else None)
+    except (BadInput, grading.GradingError) as err:
+        print(f"course check: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(json.dumps(res.as_json(), indent=2))
+    else:
+        print(render(res))
+    return 0 if res.tasks and res.score >= res.max_score else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

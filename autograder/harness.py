@@ -1,8 +1,9 @@
 """The grading harness: runs a task's checks on a learner's code and explains the verdict.
 
-A chapter's checks live in ``autograder/checks/chNN.py`` and register themselves with
-:func:`task`. Notebooks call into them with one line, so nbgrader's feedback (which shows
-test cells word for word) shows the call, not the checks:
+A chapter's checks live in ``autograder/checks/chNN.py`` (a package ``autograder/checks/chNN/``
+once they outgrow one file; its ``__init__`` registers the tasks) and register themselves
+with :func:`task`. Notebooks call into them with one line, so nbgrader's feedback (which
+shows test cells word for word) shows the call, not the checks:
 
     grade("with_retry")        # hidden test cell: full, partial or zero points
     public("with_retry")       # visible test cell: a quick subset, never the whole grade
@@ -55,8 +56,8 @@ CHECKS_PACKAGE = "autograder.checks"
 
 
 def _chapter_of(module: str) -> str | None:
-    """``"03"`` for ``autograder.checks.ch03``; None for any other module."""
-    match = re.fullmatch(rf"{re.escape(CHECKS_PACKAGE)}\.ch(\d\d)", module)
+    """``"03"`` for ``autograder.checks.ch03`` (or a module of a ``ch03`` package); None otherwise."""
+    match = re.fullmatch(rf"{re.escape(CHECKS_PACKAGE)}\.ch(\d\d)(\.\w+)*", module)
     return match.group(1) if match else None
 
 
@@ -301,7 +302,7 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
             outcome["done"] = True
         except _Abandoned:
             outcome["abandoned"] = True
-        except (asyncio.TimeoutError, TimeoutError) as err:
+        except TimeoutError as err:
             outcome["error"] = err
             outcome["timeout"] = True
         except NotImplementedError as err:

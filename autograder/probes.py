@@ -1,18 +1,41 @@
-"""What every chapter's checks do alike: fire a concurrent burst, tally its outcomes, clean up.
+"""What every chapter's checks do alike: fire a concurrent burst, tally its outcomes, clean up,
+force a read-then-write race on Redis (:func:`gated_redis`), run the answer in other
+processes (:class:`Workers`).
 
 Checks in ``autograder/checks/chNN.py`` import these instead of writing their own, so a
 report reads the same in every chapter: ``10 x a response, 2 x UniqueViolation: ...``.
+:class:`Crowd` makes a race between concurrent callers on PostgreSQL happen every time
+(chapters 03 and 12).
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
+import contextvars
+import importlib
+import inspect
+import json
+import os
 import random
+import secrets
+import subprocess
+import sys
+import time
+import types
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 
-from autograder.harness import Report, error_line
+import redis as redis_sync
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+
+from autograder.harness import Report, cell_source, error_line
+from course.kit.faults import VirtualClock
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 async def burst(n: int, call: Callable[[], Awaitable]) -> list:
@@ -64,3 +87,445 @@ def seeded_random(r: Report):
         yield
     finally:
         random.setstate(state)
+
+
+# ----------------------------------------------------------------------------- races in a Redis client
+#
+# A read-then-write on Redis loses a race only when the reads of concurrent callers all land
+# before their writes. ``gated_redis(url, n)`` makes that happen every time: a client whose
+# gate holds each caller's first command until all ``n`` callers have sent one. One Lua
+# script (or WATCH/MULTI) stays exact through it; a GET-then-SET lets all ``n`` read the same
+# state. Run the callers with ``await client.gate.run([make_call, ...])``.
+
+
+_caller: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller", default=None)
+
+
+class Gate:
+    """Holds each caller's first Redis command until ``n`` callers are held, then lets all go.
+
+    If the callers cannot all arrive (they queue on an in-process lock, say), the gate
+    opens once nothing on the loop can move, and says so.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.held = 0
+        self.passed: set[int] = set()
+        self.open = asyncio.Event()
+        self.stalled = False
+
+    async def hold(self) -> None:
+        who = _caller.get()
+        if who is None or self.open.is_set() or who in self.passed:
+            return
+        self.passed.add(who)
+        self.held += 1
+        if self.held >= self.n:
+            self.open.set()
+            return
+        await self.open.wait()
+
+    async def watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        calm = 0
+        while not self.open.is_set():
+            await asyncio.sleep(0.003)
+            calm = calm + 1 if not getattr(loop, "_ready", None) else 0
+            if calm >= 10:
+                self.stalled = True
+                self.open.set()
+
+    async def run(self, calls: list) -> list:
+        async def one(i: int, make):
+            _caller.set(i)
+            return await make()
+
+        watcher = asyncio.ensure_future(self.watch())
+        try:
+            return await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)), return_exceptions=True)
+        finally:
+            self.open.set()
+            await watcher
+
+
+class _GatedPipeline(Pipeline):
+    gate: Gate
+
+    async def immediate_execute_command(self, *args, **options):
+        await self.gate.hold()
+        return await super().immediate_execute_command(*args, **options)
+
+    async def execute(self, raise_on_error: bool = True):
+        await self.gate.hold()
+        return await super().execute(raise_on_error)
+
+
+class _GatedRedis(aioredis.Redis):
+    gate: Gate
+
+    async def execute_command(self, *args, **options):
+        await self.gate.hold()
+        return await super().execute_command(*args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint=None):
+        pipe = _GatedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+        pipe.gate = self.gate
+        return pipe
+
+
+def gated_redis(url: str, n: int) -> _GatedRedis:
+    client = _GatedRedis.from_url(url, decode_responses=True)
+    client.gate = Gate(n)
+    return client
+
+
+# ----------------------------------------------------------------------------- worker processes
+
+WORKER = r"""
+import asyncio, importlib, json, sys, time
+
+import redis as redis_sync
+
+redis_url, tag, me = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with redis_sync.Redis.from_url(redis_url, decode_responses=True) as boot:
+    spec = json.loads(boot.get(f"{tag}:spec:{me}"))
+if spec["skew"]:
+    def shifted(real, by):
+        return lambda: real() + by
+    for name in ("time", "monotonic"):
+        setattr(time, name, shifted(getattr(time, name), spec["skew"]))
+    for name in ("time_ns", "monotonic_ns"):
+        setattr(time, name, shifted(getattr(time, name), int(spec["skew"] * 1e9)))
+
+import redis.asyncio as aioredis
+
+
+def build():
+    ns = {"__name__": "__learner__"}
+    for entry in spec["env"]:
+        try:
+            if entry[0] == "module":
+                ns[entry[1]] = importlib.import_module(entry[2])
+            elif entry[0] == "attr":
+                obj = importlib.import_module(entry[2])
+                for part in entry[3].split("."):
+                    obj = getattr(obj, part)
+                ns[entry[1]] = obj
+            else:
+                ns[entry[1]] = entry[2]
+        except Exception:
+            pass
+    if spec["source"]:
+        exec(compile(spec["source"], spec["filename"], "exec"), ns)
+    return ns[spec["fn"]]
+
+
+def shape(out):
+    try:
+        json.dumps(out)
+    except (TypeError, ValueError):
+        return {"error": f"returned {out!r:.80}, which is not JSON-able"}
+    return {"ok": out}
+
+
+async def main():
+    ctl = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        fn = build()
+    except BaseException as err:
+        import traceback
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        await ctl.rpush(f"{tag}:ready", json.dumps({"index": me, "error": f"{type(err).__name__}: {err} ({where.filename}:{where.lineno})"}))
+        return
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    await ctl.rpush(f"{tag}:ready", json.dumps({"index": me}))
+    while True:
+        got = await ctl.blpop([f"{tag}:cmd:{me}"], timeout=120)
+        if got is None:
+            return
+        cmd = json.loads(got[1])
+        if cmd["op"] == "stop":
+            return
+
+        async def one():
+            try:
+                return shape(await fn(client, *cmd["args"], **cmd["kwargs"]))
+            except Exception as err:
+                return {"error": f"{type(err).__name__}: {err}"[:200]}
+
+        results = await asyncio.gather(*(one() for _ in range(cmd["n"])))
+        await ctl.rpush(f"{tag}:res:{me}", json.dumps(results))
+
+
+asyncio.run(main())
+"""
+
+
+def _names_used(source: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+
+def _environment(namespace: dict, source: str) -> list:
+    """What a fresh process needs to run the answer cell: the modules, importable names and
+    plain constants of the notebook's globals (the setup cells' imports) that the cell uses."""
+    env = []
+    used = _names_used(source)
+    for name, value in namespace.items():
+        if name not in used or name.startswith("__"):
+            continue
+        if isinstance(value, types.ModuleType):
+            env.append(["module", name, value.__name__])
+        elif isinstance(value, (bool, int, float, str)) or value is None:
+            env.append(["value", name, value])
+        elif (entry := _importable(name, value)) is not None:
+            env.append(entry)
+    return env
+
+
+def _importable(name: str, value) -> list | None:
+    """``["attr", name, module, qualname]`` when ``value`` can be imported again by name."""
+    if not (inspect.isfunction(value) or inspect.isclass(value) or inspect.isbuiltin(value)):
+        return None
+    module = getattr(value, "__module__", None) or ""
+    qualname = getattr(value, "__qualname__", "")
+    if not module or module in ("__main__", "__learner__", "builtins") or "<" in qualname:
+        return None
+    try:
+        found = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:  # noqa: BLE001 - not importable: leave it out
+        return None
+    return ["attr", name, module, qualname] if found is value else None
+
+
+class Workers:
+    """The learner's answer, run in ``len(skews)`` fresh Python processes, as replicas on other hosts.
+
+    :meth:`Report.replicas` copies an answer inside the grader's process; these are real
+    processes, as a service's replicas are. Each runs the answer cell that defined ``name``
+    (or imports ``name`` again, when the answer imported it) after the notebook's imports that
+    the cell uses, and takes commands from a Redis list: "call ``name(redis, *args, **kwargs)``
+    ``n`` times at once" (``redis`` is its own ``redis.asyncio.Redis`` with
+    ``decode_responses=True``), answering ``[{"ok": result} | {"error": "Type: message"}, ...]``.
+    ``skews[i]`` sets worker ``i``'s clocks (``time.time``, ``time.monotonic`` and their
+    ``_ns`` forms) that many seconds off. Always :meth:`close` them (a ``finally``).
+    """
+
+    def __init__(self, r: Report, name: str, redis_url: str, skews: tuple[float, ...] = (0.0, 0.0)) -> None:
+        fn = r.namespace[name]
+        imported = _importable(name, fn)
+        if imported is not None:  # imported from a module (the course's own reference): import it there too
+            filename, source, names = "<import>", "", [imported]
+        else:
+            found = cell_source(fn)
+            if found is None:
+                raise LookupError(f"cannot find the cell that defines {name}; run it again")
+            filename, source = found
+            names = _environment(r.namespace, source)
+        self.tag = f"ch08:workers:{secrets.token_hex(4)}"
+        self.redis_url = redis_url
+        self.procs: list[subprocess.Popen] = []
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with redis_sync.Redis.from_url(redis_url, decode_responses=True) as boot:
+            for i, skew in enumerate(skews):
+                spec = {"source": source, "filename": filename, "env": names, "fn": name, "skew": skew}
+                boot.set(f"{self.tag}:spec:{i}", json.dumps(spec), ex=600)
+        for i in range(len(skews)):
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", WORKER, redis_url, self.tag, str(i)],
+                    cwd=REPO,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        self.ctl = aioredis.Redis.from_url(redis_url, decode_responses=True)
+
+    async def ready(self, timeout: float = 60.0) -> str | None:
+        """None when every worker is up; else what went wrong in the first that failed."""
+        deadline = time.monotonic() + timeout
+        up = 0
+        while up < len(self.procs):
+            got = await self.ctl.blpop([f"{self.tag}:ready"], timeout=1)
+            if got is None:
+                if any(p.poll() is not None for p in self.procs):
+                    return "a worker process exited before it was ready (see its traceback by running the cell)"
+                if time.monotonic() > deadline:
+                    return f"a worker process did not start within {timeout:g} s"
+                continue
+            msg = json.loads(got[1])
+            if "error" in msg:
+                return msg["error"]
+            up += 1
+        return None
+
+    async def send(self, i: int, n: int, *args, **kwargs) -> None:
+        await self.ctl.rpush(f"{self.tag}:cmd:{i}", json.dumps({"op": "call", "n": n, "args": args, "kwargs": kwargs}))
+
+    async def receive(self, i: int, timeout: float = 30.0) -> list:
+        got = await self.ctl.blpop([f"{self.tag}:res:{i}"], timeout=timeout)
+        if got is None:
+            raise TimeoutError(f"worker {i} did not answer within {timeout:g} s")
+        return json.loads(got[1])
+
+    async def call(self, i: int, n: int, *args, **kwargs) -> list:
+        await self.send(i, n, *args, **kwargs)
+        return await self.receive(i)
+
+    async def close(self) -> None:
+        for i in range(len(self.procs)):
+            await self.ctl.rpush(f"{self.tag}:cmd:{i}", json.dumps({"op": "stop"}))
+        deadline = time.monotonic() + 3
+        for proc in self.procs:
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        await self.ctl.aclose()
+
+
+# ----------------------------------------------------------------------------- races on PostgreSQL
+
+SETTLE_LIMIT = 2.0  # real seconds a crowd may take to settle before the check moves it on anyway
+LOCK_WAITERS = (
+    "SELECT count(*) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+)
+
+
+class Crowd:
+    """``n`` concurrent callers whose progress the check can see.
+
+    Each caller is "calling" (running learner code), "charging" (held in ``charge``),
+    "sleeping" (in its retry backoff, on a VirtualClock) or "done". The crowd is *settled*
+    when every caller still "calling" is blocked on a PostgreSQL lock. At the first settle
+    the crowd runs ``on_settled`` (open the charge gate, or commit the transaction that
+    holds the accounts); at later settles it wakes the earliest sleeper by advancing the clock.
+    """
+
+    def __init__(self, n: int, watcher, on_settled: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.n = n
+        self.watcher = watcher
+        self.clock = VirtualClock(auto=False)
+        self.state = ["calling"] * n
+        self.wake = [0.0] * n
+        self.gate = asyncio.Event()
+        self.on_settled = on_settled
+        self.released = False
+        self.stalls = 0
+        self.charging_at_release = 0
+        self.sleeping_at_release = 0
+        self.blocked_at_release = 0
+        self._who: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller", default=None)
+
+    async def sleep(self, seconds: float) -> None:
+        i = self._who.get()
+        if i is None:
+            await self.clock.sleep(seconds)
+            return
+        self.state[i] = "sleeping"
+        self.wake[i] = self.clock() + seconds
+        try:
+            await self.clock.sleep(seconds)
+        finally:
+            self.state[i] = "calling"
+
+    async def hold(self) -> None:
+        """Called inside ``charge``: wait here until the crowd has settled once."""
+        i = self._who.get()
+        if i is None or self.gate.is_set():
+            return
+        self.state[i] = "charging"
+        try:
+            await self.gate.wait()
+        finally:
+            self.state[i] = "calling"
+
+    async def _blocked(self) -> int:
+        cur = await self.watcher.execute(LOCK_WAITERS)
+        return (await cur.fetchone())[0]
+
+    async def _settle(self) -> tuple[bool, int]:
+        deadline = time.monotonic() + SETTLE_LIMIT
+        while True:
+            await asyncio.sleep(0.002)
+            calling = self.state.count("calling")
+            blocked = await self._blocked() if calling else 0
+            if blocked >= calling:
+                return True, blocked
+            if time.monotonic() > deadline:
+                return False, blocked
+
+    async def run(self, make_call: Callable[[int], Awaitable]) -> list:
+        async def one(i: int):
+            self._who.set(i)
+            try:
+                return await make_call(i)
+            finally:
+                self.state[i] = "done"
+
+        tasks = [asyncio.create_task(one(i)) for i in range(self.n)]
+        while not all(t.done() for t in tasks):
+            settled, blocked = await self._settle()
+            if all(t.done() for t in tasks):
+                break
+            self.stalls += not settled
+            if not self.released:
+                self.released = True
+                self.charging_at_release = self.state.count("charging")
+                self.sleeping_at_release = self.state.count("sleeping")
+                self.blocked_at_release = blocked
+                self.gate.set()
+                if self.on_settled is not None:
+                    await self.on_settled()
+                continue
+            sleepers = [i for i, s in enumerate(self.state) if s == "sleeping"]
+            if sleepers:
+                t = min(self.wake[i] for i in sleepers)
+                for i in sleepers:
+                    if self.wake[i] <= t:
+                        self.state[i] = "calling"
+                self.clock.advance(max(0.0, t - self.clock()))
+        return await asyncio.gather(*tasks, return_exceptions=True)
+# ----------------------------------------------------------------------------- watching a learner's Redis traffic
+
+#: ``await hook(commands, send)``: ``commands`` are the argument tuples sent in one round trip
+#: (one for a command, several for a pipeline); ``send()`` sends them and returns the reply.
+RoundTripHook = Callable[[list[tuple], Callable[[], Awaitable]], Awaitable]
+
+
+def hooked_redis(url: str, hook: RoundTripHook, **kwargs):
+    """A ``redis.asyncio.Redis`` (``decode_responses=True``) whose every round trip goes through ``hook``.
+
+    Commands, pipelines (``MULTI`` or not), ``WATCH`` mode and scripts all pass through it, so a
+    check can count round trips and what they returned, hold a write back until other callers
+    have caught up, or act just before a write reaches the server.
+    """
+    import redis.asyncio as aioredis
+    from redis.asyncio.client import Pipeline
+
+    class HookedPipeline(Pipeline):
+        async def execute(self, raise_on_error: bool = True):
+            stack = [args for args, _ in self.command_stack]
+            return await hook(stack, lambda: super(HookedPipeline, self).execute(raise_on_error))
+
+        async def immediate_execute_command(self, *args, **options):
+            return await hook([args], lambda: super(HookedPipeline, self).immediate_execute_command(*args, **options))
+
+    class HookedRedis(aioredis.Redis):
+        async def execute_command(self, *args, **options):
+            return await hook([args], lambda: super(HookedRedis, self).execute_command(*args, **options))
+
+        def pipeline(self, transaction: bool = True, shard_hint=None):
+            return HookedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+    kwargs.setdefault("decode_responses", True)
+    return HookedRedis.from_url(url, **kwargs)

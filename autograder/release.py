@@ -1,4 +1,8 @@
-"""``make release``: generate the student notebooks in ``notebooks/`` from ``solutions/`` with nbgrader.
+"""``make release``: the student notebooks in ``notebooks/`` and the grading manifests, from ``solutions/``.
+
+The manifests (``autograder/manifests/<chapter>.json``) hold what grading trusts of each
+chapter (its setup cells, the ids of its answer cells, its tasks and points), so a class
+copy of the workbook without ``solutions/`` grades exactly as the instructor does.
 
 Generation happens in a throwaway course directory (nbgrader's own generate_assignment),
 and only the released notebooks are copied back, so the repository never holds a
@@ -60,8 +64,21 @@ def normalized(path: Path) -> dict:
     return nb
 
 
+def write_manifests(assignments: list[str] | None = None) -> list[Path]:
+    """``autograder/manifests/<chapter>.json`` from each chapter's source notebook."""
+    from autograder import grading
+
+    written = []
+    for name in assignments or list(chapters()):
+        source = json.loads((REPO / "solutions" / name / f"{name}.ipynb").read_text())
+        written.append(grading.write_manifest(name, source))
+    return written
+
+
 def main(argv: list[str]) -> int:
     warnings.simplefilter("ignore")
+    for path in write_manifests(argv or None):
+        print(path.relative_to(REPO))
     released = generate(argv or None)
     for name, folder in released.items():
         dest = REPO / "notebooks" / name

@@ -7,6 +7,9 @@ COURSE_ID = "resilient-backend-patterns"
 CELL_TIMEOUT = int(os.environ.get("COURSE_CELL_TIMEOUT", "60"))
 #: ``course check``'s hard limit on one whole grading run, past which it kills the kernel.
 RUN_TIMEOUT = int(os.environ.get("COURSE_RUN_TIMEOUT", "600"))
+#: Where learner code runs while graded: "required" (in the sandbox, or not at all),
+#: "auto" (in the sandbox where one works here), "off" (with the grader's own rights).
+SANDBOX = os.environ.get("COURSE_SANDBOX", "required")
 
 
 def apply(c, root: str) -> None:
@@ -30,6 +33,18 @@ def apply(c, root: str) -> None:
     c.ClearSolutions.code_stub = {"python": '# YOUR CODE HERE\nraise NotImplementedError("not done yet")'}
     c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
     c.GenerateAssignment.create_assignment = True
+    # Grading runs the setup and answer cells and the checks in a sandboxed process of its
+    # own (autograder/grading.py), in place of nbgrader's Execute: demos are never run.
+    # (Named as import strings: nbconvert imports them, and this module imports no grader.)
+    c.Autograde.autograde_preprocessors = [
+        "autograder.nbgrader_plugin.GradeInSandbox",
+        "nbgrader.preprocessors.IgnorePattern",
+        "nbconvert.preprocessors.ClearMetadataPreprocessor",
+        "nbgrader.preprocessors.LimitOutput",
+        "nbgrader.preprocessors.SaveAutoGrades",
+        "nbgrader.preprocessors.AssignLatePenalties",
+        "nbgrader.preprocessors.CheckCellMetadata",
+    ]
 
 
 def write_config(root, extra: str = ""):

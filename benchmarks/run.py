@@ -22,11 +22,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 def cold_starts(repeat: int) -> dict[str, list[float]]:
-    from course import tour
+    from course.chapters import ch00
 
     runs: dict[str, list[float]] = {}
     for _ in range(repeat):
-        for name, seconds in tour.cold_start().items():
+        for name, seconds in ch00.cold_start().items():
             runs.setdefault(name, []).append(seconds)
     return runs
 

@@ -18,7 +18,8 @@ decorrelated   min(cap, uniform(base, 3 * previous))           the 2015 blog's a
 =============  ==============================================  =========================
 
 The names and formulas follow Marc Brooker, "Exponential Backoff And Jitter" (AWS
-Architecture Blog, 2015); :mod:`course.herd` replays that post's simulation with them.
+Architecture Blog, 2015); :mod:`course.chapters.ch01.herd` replays that post's simulation with them, and
+:func:`course.chapters.ch01.plot_strategies` draws them side by side.
 """
 
 from __future__ import annotations
@@ -137,41 +138,3 @@ def sample(strategy: Backoff, attempts: int, clients: int, *, seed: int = 0) -> 
     """``clients`` independent delay sequences of ``attempts`` waits each (seeded)."""
     rng = random.Random(seed)
     return [strategy.delays(attempts, rng.random) for _ in range(clients)]
-
-
-def plot_strategies(base: float = 0.1, cap: float = 2.0, *, attempts: int = 10, clients: int = 200, ax=None):
-    """Delay against attempt for every strategy: a line for the deterministic ones, a cloud
-    of ``clients`` sampled clients plus their mean for the jittered ones."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4.2))
-    xs = list(range(1, attempts + 1))
-    colors = {
-        "fixed": "#7f8c8d",
-        "linear": "#16a085",
-        "exponential": "#c0392b",
-        "full jitter": "#2e86c1",
-        "equal jitter": "#8e44ad",
-        "decorrelated jitter": "#d68910",
-    }
-    offsets = {"full jitter": -0.2, "equal jitter": 0.0, "decorrelated jitter": 0.2}
-    for name, color in colors.items():
-        strategy = make(name, base, cap)
-        if not strategy.jittered:
-            ax.plot(xs, strategy.delays(attempts), "-o", color=color, label=name, lw=2, ms=4)
-            continue
-        runs = sample(strategy, attempts, clients, seed=1)
-        for k in range(attempts):
-            ys = [run[k] for run in runs]
-            ax.scatter([xs[k] + offsets[name]] * len(ys), ys, s=4, alpha=0.15, color=color)
-        means = [sum(run[k] for run in runs) / len(runs) for k in range(attempts)]
-        ax.plot([x + offsets[name] for x in xs], means, "--", color=color, lw=1.5, label=f"{name} (mean)")
-    ax.axhline(cap, color="grey", lw=0.8, ls=":")
-    ax.text(xs[0], cap, " cap", va="bottom", color="grey")
-    ax.set_xlabel("retry number (wait after failure k = retry k)")
-    ax.set_ylabel("delay (s)")
-    ax.set_title(f"Backoff strategies, base {base:g} s, cap {cap:g} s ({clients} sampled clients per jitter)")
-    ax.set_ylim(0, cap * 1.12)
-    ax.legend(loc="upper left", fontsize=8, ncol=2)
-    return ax

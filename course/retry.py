@@ -6,16 +6,15 @@ later chapters reuse (chapter 03 retries a request that got 409 "in progress").
 
 Beyond the graded task: :func:`retry_call` adds the limits a production retry needs
 (attempts, total time, longest wait, any :mod:`course.backoff` strategy) and the metadata
-to log (:class:`RetryState`); :func:`layered_calls` measures what retrying at every layer
-does to the bottom one; :func:`live_errors` collects the real httpx errors of a flaky
-HTTP service. Retry budgets and deadlines are in :mod:`course.budgets`, hedged reads in
-:mod:`course.hedging`, delay strategies in :mod:`course.backoff`.
+to log (:class:`RetryState`). Retry budgets and deadlines are in :mod:`course.budgets`,
+hedged reads in :mod:`course.hedging`, delay strategies in :mod:`course.backoff`; what
+chapter 01 measures with them (retries at every layer, the real errors of a flaky HTTP
+service) is in :mod:`course.chapters.ch01`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -164,55 +163,3 @@ async def retry_call(
             if on_retry is not None:
                 on_retry(state)
             await sleep(delay)
-
-
-# ----------------------------------------------------------------------------- retry at one layer
-
-
-async def layered_calls(layers: int, attempts_per_layer: int) -> int:
-    """Calls that reach a dead dependency when each of ``layers`` services retries it.
-
-    Every layer wraps the one below in :func:`with_retry` with ``attempts_per_layer`` tries
-    (a virtual clock, so it is instant). Returns how many calls the bottom saw.
-    """
-    from course.kit.faults import FlakyDependency, Schedule, VirtualClock
-
-    clock = VirtualClock()
-    bottom = FlakyDependency(Schedule("fail", then="repeat"), clock=clock, name="database")
-
-    def wrap(inner):
-        async def layer():
-            return await with_retry(inner, retries=attempts_per_layer - 1, base_delay=0.01, sleep=clock.sleep)
-
-        return layer
-
-    call = bottom
-    for _ in range(layers):
-        call = wrap(call)
-    with contextlib.suppress(Exception):
-        await call()
-    return bottom.count
-
-
-# ----------------------------------------------------------------------------- real errors
-
-
-#: FlakyService steps and the error each one makes for an httpx client (see :func:`live_errors`).
-LIVE_STEPS = ("200", "400", "401", "404", "408", "409", "422", "429", "500", "502", "503", "504", "reset", "hang")
-
-
-async def live_errors(steps=LIVE_STEPS, *, timeout: float = 0.2) -> list[tuple[str, BaseException | None]]:
-    """Call a live :class:`~course.kit.faults.FlakyService` once per step, with httpx, and keep
-    the exception each call raised (``raise_for_status`` for statuses; ``None`` for a 2xx)."""
-    from course.kit.faults import FlakyService, Schedule
-
-    out: list[tuple[str, BaseException | None]] = []
-    async with FlakyService(Schedule(" ".join(steps)), name="errors") as svc:
-        async with httpx.AsyncClient(timeout=timeout) as client:
-            for step in steps:
-                try:
-                    (await client.get(svc.url + "/item")).raise_for_status()
-                    out.append((step, None))
-                except Exception as err:  # noqa: BLE001 - collecting what each step raises
-                    out.append((step, err))
-    return out

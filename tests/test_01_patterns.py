@@ -1,5 +1,6 @@
-"""Chapter 01's reference code: backoff strategies, the herd simulation, retry limits,
-budgets, deadlines and hedged reads. Virtual time wherever the behaviour allows it."""
+"""Chapter 01's patterns (backoff strategies, retry limits, budgets, deadlines, hedged reads)
+and its demos (course.chapters.ch01: the herd simulation, the live runs). Virtual time
+wherever the behaviour allows it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import random
 import httpx
 import pytest
 
-from course import backoff, budgets, hedging, herd, retry
+from course import backoff, budgets, hedging, retry
+from course.chapters import ch01
+from course.chapters.ch01 import herd
 from course.kit.faults import DependencyError, FlakyDependency, FlakyService, Schedule, VirtualClock
 
 # ----------------------------------------------------------------------------- backoff
@@ -48,7 +51,7 @@ def test_01_huge_attempts_do_not_overflow():
 
 
 def _scalar_race(clients: int, strategy: str, trials: int, seed: int, base=5.0, cap=2000.0) -> tuple[float, float]:
-    """The same model as course.herd, written as a plain one-trial-at-a-time event loop."""
+    """The same model as course.chapters.ch01.herd, written as a plain one-trial-at-a-time event loop."""
     rng = random.Random(seed)
 
     def d() -> float:
@@ -165,11 +168,11 @@ async def test_01_retry_call_does_not_retry_a_404():
 
 @pytest.mark.parametrize(("layers", "attempts", "calls"), [(1, 3, 3), (3, 3, 27), (5, 3, 243), (2, 5, 25)])
 async def test_01_retries_multiply_across_layers(layers, attempts, calls):
-    assert await retry.layered_calls(layers, attempts) == calls
+    assert await ch01.layered_calls(layers, attempts) == calls
 
 
 async def test_01_live_errors_are_real_httpx_errors():
-    found = dict(await retry.live_errors(("200", "404", "503", "reset"), timeout=0.5))
+    found = dict(await ch01.live_errors(("200", "404", "503", "reset"), timeout=0.5))
     assert found["200"] is None
     assert isinstance(found["404"], httpx.HTTPStatusError) and not retry.is_retryable(found["404"])
     assert isinstance(found["503"], httpx.HTTPStatusError) and retry.is_retryable(found["503"])
@@ -189,8 +192,8 @@ def test_01_retry_budget_allows_about_its_ratio():
 
 
 async def test_01_retry_budget_caps_outage_amplification():
-    plain = await budgets.outage_load(200, retries=4)
-    capped = await budgets.outage_load(200, retries=4, budget=budgets.RetryBudget(ratio=0.1))
+    plain = await ch01.outage_load(200, retries=4)
+    capped = await ch01.outage_load(200, retries=4, budget=budgets.RetryBudget(ratio=0.1))
     assert plain["amplification"] == 5.0
     assert capped["amplification"] < 1.2
 
@@ -206,18 +209,18 @@ def test_01_deadline_timeout_fits_inside_what_is_left():
 
 
 async def test_01_propagated_deadline_stops_wasted_work():
-    chain = [budgets.Hop("gateway", 0.02, 5.0), budgets.Hop("api", 0.05, 2.0, attempts=2), budgets.Hop("db", 3.0, 0)]
-    fixed = await budgets.call_chain(chain, 1.0, propagate=False)
-    passed = await budgets.call_chain(chain, 1.0, propagate=True)
+    chain = [ch01.Hop("gateway", 0.02, 5.0), ch01.Hop("api", 0.05, 2.0, attempts=2), ch01.Hop("db", 3.0, 0)]
+    fixed = await ch01.call_chain(chain, 1.0, propagate=False)
+    passed = await ch01.call_chain(chain, 1.0, propagate=True)
     assert fixed.outcome == passed.outcome == "504"
     assert fixed.calls["db"] == 2 and fixed.wasted > 4.0
     assert passed.calls["db"] == 1 and passed.wasted < 0.05
 
 
 async def test_01_healthy_chain_answers_either_way():
-    chain = [budgets.Hop("gateway", 0.02, 5.0), budgets.Hop("db", 0.1, 2.0)]
+    chain = [ch01.Hop("gateway", 0.02, 5.0), ch01.Hop("db", 0.1, 2.0)]
     for propagate in (False, True):
-        assert (await budgets.call_chain(chain, 1.0, propagate=propagate)).outcome == "200"
+        assert (await ch01.call_chain(chain, 1.0, propagate=propagate)).outcome == "200"
 
 
 # ----------------------------------------------------------------------------- hedging
@@ -265,7 +268,7 @@ async def test_01_a_fast_failure_hedges_at_once_and_all_failing_raises_the_first
 
 
 async def test_01_live_hedged_reads_answer_every_read():
-    plain, hedged_run, hedge_after = await hedging.hedging_demo(n=60, slow_share=0.1, slow=0.1)
+    plain, hedged_run, hedge_after = await ch01.hedging_demo(n=60, slow_share=0.1, slow=0.1)
     assert len(plain.latencies_ms) == len(hedged_run.latencies_ms) == 60
     assert hedge_after > 0
     assert hedged_run.stats.requests == 60
@@ -273,14 +276,12 @@ async def test_01_live_hedged_reads_answer_every_read():
 
 
 def test_01_fanout_tail_is_63_percent_at_100_shards():
-    assert hedging.fanout_slow_share(100, 0.01) == pytest.approx(1 - 0.99**100, abs=0.02)
+    assert ch01.fanout_slow_share(100, 0.01) == pytest.approx(1 - 0.99**100, abs=0.02)
 
 
 async def test_01_pool_exhaustion_without_and_with_a_timeout():
-    from course import timeouts
-
-    stuck = await timeouts.pool_exhaustion(None, hanging=2, healthy=4, max_connections=2, observe=0.5)
-    freed = await timeouts.pool_exhaustion(httpx.Timeout(0.1, pool=1.0), hanging=2, healthy=4, max_connections=2)
+    stuck = await ch01.pool_exhaustion(None, hanging=2, healthy=4, max_connections=2, observe=0.5)
+    freed = await ch01.pool_exhaustion(httpx.Timeout(0.1, pool=1.0), hanging=2, healthy=4, max_connections=2)
     assert len(stuck.healthy_done()) == 0
     assert len(freed.healthy_done()) == 4
     assert {c.outcome for c in freed.calls if c.kind == "hanging"} == {"ReadTimeout"}

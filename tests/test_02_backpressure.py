@@ -1,4 +1,4 @@
-"""course.backpressure and course.availability (chapter 02): bounded buffers and availability math."""
+"""Chapter 02: bounded buffers (course.chapters.ch02.backpressure) and availability math (course.availability)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from course import availability as av
-from course.backpressure import MODES, run_pipeline
+from course.chapters.ch02 import simulate_replicas, simulate_serial
+from course.chapters.ch02.backpressure import MODES, run_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,6 @@ def test_independent_replicas_add_nines_and_a_shared_part_caps_them():
 
 
 def test_the_monte_carlo_agrees_with_the_formulas():
-    assert av.simulate(0.99, 2, minutes=1_000_000) == pytest.approx(0.9999, abs=5e-5)
-    assert av.simulate(0.99, 2, shared=0.999, minutes=1_000_000) == pytest.approx(0.9989, abs=2e-4)
-    assert av.simulate_serial(*[0.999] * 4, minutes=500_000) == pytest.approx(0.996, abs=5e-4)
+    assert simulate_replicas(0.99, 2, minutes=1_000_000) == pytest.approx(0.9999, abs=5e-5)
+    assert simulate_replicas(0.99, 2, shared=0.999, minutes=1_000_000) == pytest.approx(0.9989, abs=2e-4)
+    assert simulate_serial(*[0.999] * 4, minutes=500_000) == pytest.approx(0.996, abs=5e-4)

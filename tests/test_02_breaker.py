@@ -1,4 +1,4 @@
-"""course.breaker (chapter 02): the reference circuit breaker, its windows and the demos built on it."""
+"""course.breaker (chapter 02): the reference circuit breaker, its windows, and the demos built on it (course.chapters.ch02)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,16 @@ import asyncio
 import httpx
 import pytest
 
-from course.breaker import (
-    CircuitBreaker,
-    CircuitOpenError,
+from course.breaker import CircuitBreaker, CircuitOpenError, counts_as_failure
+from course.chapters.ch02 import (
     SketchBreaker,
-    counts_as_failure,
     half_open_stampede,
     library_breakers,
     one_for_all,
     run_in_thread,
     simulate_outage,
 )
-from course.checkout import Checkout
+from course.chapters.ch02.checkout import Checkout
 from course.kit.faults import DependencyError, FlakyService, Schedule, VirtualClock
 from course.retry import is_retryable
 

@@ -1,4 +1,4 @@
-"""course.bulkhead (chapter 02): the reference bulkhead and the live PostgreSQL flood demo."""
+"""course.bulkhead (chapter 02): the reference bulkhead, and the live PostgreSQL flood demo (course.chapters.ch02)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from course.bulkhead import MODES, Bulkhead, BulkheadFullError, pool_flood
+from course.bulkhead import Bulkhead, BulkheadFullError
+from course.chapters.ch02 import MODES, pool_flood
 from course.kit import lab
 
 

@@ -202,7 +202,7 @@ STALE_COOLDOWN = breaker_mutant(
 )
 
 SEED_SKETCH = """
-from course.breaker import SketchBreaker as _Sketch
+from course.chapters.ch02 import SketchBreaker as _Sketch
 
 
 class CircuitBreaker(_Sketch):

@@ -1,15 +1,17 @@
-"""Chapter 03's reference code (course/idempotency.py, payments.py, orders_app.py) against live PostgreSQL."""
+"""Chapter 03's reference code (course/idempotency.py, payments.py, orders_app.py) and its demos
+(course/chapters/ch03.py) against live PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
 from course import idempotency as idem
 from course import orders_app
+from course.chapters import ch03
 from course.kit import lab
 from course.payments import PaymentProvider, PaymentsClient
 from course.retry import is_retryable
@@ -20,8 +22,9 @@ def ns():
     with lab.scratch_sync("t03") as namespace:
         with namespace.connect() as conn:
             conn.execute(idem.SCHEMA)
+            conn.execute(ch03.DEMO_SCHEMA)
             conn.execute("INSERT INTO accounts (id) SELECT g FROM generate_series(1, 20) g")
-            conn.execute(idem.CRASH_POINTS)
+            conn.execute(ch03.CRASH_POINTS)
         yield namespace
 
 
@@ -59,9 +62,9 @@ def test_03_409_in_progress_is_retried_here_but_not_by_chapter_01_rules():
 
 def test_03_check_then_insert_charges_every_concurrent_request(ns):
     async def go(pool):
-        card = idem.Card(delay=0.03)
+        card = ch03.Card(delay=0.03)
         body = {"customer": "u1", "amount_cents": 100}
-        await idem.fire(5, lambda i: idem.create_order_check_then_insert(pool, "u-cti", body, card.charge))
+        await ch03.fire(5, lambda i: ch03.create_order_check_then_insert(pool, "u-cti", body, card.charge))
         return len(card.charged)
 
     assert run(ns, go) == 5
@@ -69,9 +72,9 @@ def test_03_check_then_insert_charges_every_concurrent_request(ns):
 
 def test_03_claim_charges_once_and_every_caller_gets_the_same_answer(ns):
     async def go(pool):
-        card = idem.Card(delay=0.03)
+        card = ch03.Card(delay=0.03)
         body = {"customer": "u2", "amount_cents": 100}
-        results = await idem.fire(
+        results = await ch03.fire(
             8, lambda i: idem.call_with_retry(lambda: idem.create_order(pool, "u-claim", body, card.charge))
         )
         return card, results
@@ -83,9 +86,9 @@ def test_03_claim_charges_once_and_every_caller_gets_the_same_answer(ns):
 
 def test_03_one_transaction_design_charges_once(ns):
     async def go(pool):
-        card = idem.Card(delay=0.03)
+        card = ch03.Card(delay=0.03)
         body = {"customer": "u3", "amount_cents": 100}
-        results = await idem.fire(6, lambda i: idem.create_order_one_transaction(pool, "u-1tx", body, card.charge))
+        results = await ch03.fire(6, lambda i: ch03.create_order_one_transaction(pool, "u-1tx", body, card.charge))
         return card, results
 
     card, results = run(ns, go)
@@ -94,7 +97,7 @@ def test_03_one_transaction_design_charges_once(ns):
 
 def test_03_failed_charge_releases_the_key(ns):
     async def go(pool):
-        card = idem.Card(delay=0, fail=[idem.ProviderError(503)])
+        card = ch03.Card(delay=0, fail=[idem.ProviderError(503)])
         body = {"customer": "u4", "amount_cents": 100}
         with pytest.raises(idem.ProviderError):
             await idem.create_order(pool, "u-fail", body, card.charge)
@@ -105,23 +108,23 @@ def test_03_failed_charge_releases_the_key(ns):
 
 
 def test_03_two_sessions_second_insert_waits_on_first_transaction(ns):
-    seen = asyncio.run(idem.insert_wait_demo(ns.database_url))
+    seen = asyncio.run(ch03.insert_wait_demo(ns.database_url))
     assert seen["b_wait"][:2] == ("Lock", "transactionid") and seen["b_wait"][2] == [seen["a_pid"]]
     assert seen["b_returned"] is None
-    assert asyncio.run(idem.insert_wait_demo(ns.database_url, first_finishes="rollback"))["b_returned"] == ("k",)
+    assert asyncio.run(ch03.insert_wait_demo(ns.database_url, first_finishes="rollback"))["b_returned"] == ("k",)
 
 
 def test_03_consumer_outside_transaction_double_credits_after_a_crash(ns):
     async def go(pool):
         event = {"event_id": "t-crash-1", "account_id": 5, "amount_cents": 300}
         async with pool.connection() as conn:
-            await idem.arm_crash(conn, "dedup")
-        log = await idem.deliver(idem.consume_outside_transaction, pool, event)
+            await ch03.arm_crash(conn, "dedup")
+        log = await ch03.deliver(ch03.consume_outside_transaction, pool, event)
         bad = await balance(pool, 5)
         event = {"event_id": "t-crash-2", "account_id": 6, "amount_cents": 300}
         async with pool.connection() as conn:
-            await idem.arm_crash(conn, "dedup")
-        await idem.deliver(idem.consume_payment_event, pool, event)
+            await ch03.arm_crash(conn, "dedup")
+        await ch03.deliver(idem.consume_payment_event, pool, event)
         await asyncio.gather(*(idem.consume_payment_event(pool, event) for _ in range(4)))
         return log, bad, await balance(pool, 6)
 
@@ -144,7 +147,7 @@ def test_03_reaper_redrives_a_crashed_claim_with_the_same_provider_key(ns):
         with pytest.raises(idem.RequestInProgress):
             await idem.create_order(pool, "t-reap", body, client.charge_with_key("t-reap"))
         assert await idem.reap_pending(pool, client.charge_keyed) == []  # too young to reap
-        later = datetime.now(timezone.utc) + timedelta(seconds=90)
+        later = datetime.now(UTC) + timedelta(seconds=90)
         assert await idem.reap_pending(pool, client.charge_keyed, as_of=later) == ["t-reap"]
         return await idem.create_order(pool, "t-reap", body, client.charge_with_key("t-reap"))
 
@@ -176,10 +179,10 @@ def test_03_purge_deletes_old_finished_keys_in_batches(ns):
 def test_03_client_generated_id_upsert(ns):
     async def go(pool):
         oid = "6f1c2a4e-0000-4000-8000-000000000001"
-        first = await idem.create_client_order(pool, oid, {"customer": "u6", "amount_cents": 10})
-        second = await idem.create_client_order(pool, oid, {"customer": "u6", "amount_cents": 10})
+        first = await ch03.create_client_order(pool, oid, {"customer": "u6", "amount_cents": 10})
+        second = await ch03.create_client_order(pool, oid, {"customer": "u6", "amount_cents": 10})
         with pytest.raises(idem.IdempotencyKeyReused):
-            await idem.create_client_order(pool, oid, {"customer": "u6", "amount_cents": 11})
+            await ch03.create_client_order(pool, oid, {"customer": "u6", "amount_cents": 11})
         return first, second
 
     first, second = run(ns, go)
@@ -188,7 +191,7 @@ def test_03_client_generated_id_upsert(ns):
 
 def test_03_orders_app_status_codes(ns):
     async def go(pool):
-        card = idem.Card(delay=0)
+        card = ch03.Card(delay=0)
         app = orders_app.make_app(pool, idem.create_order, card.charge)
         body = {"customer": "u7", "amount_cents": 100}
         async with orders_app.client(app) as http:

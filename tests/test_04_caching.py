@@ -1,4 +1,5 @@
-"""Chapter 04's reference code (course.caching) against the live servers: one behaviour per test."""
+"""Chapter 04's reference code (course.caching) and its demos (course.chapters.ch04) against the live
+servers: one behaviour per test."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import json
 import pytest
 
 from course import caching
+from course.chapters import ch04
+from course.chapters.ch04 import processes
 from course.kit.faults import VirtualClock
 
 
 async def _catalog(ns, max_size: int = 10):
     pool = await ns.pool(max_size=max_size)
-    await caching.setup_catalog(pool, products=10)
+    await ch04.setup_catalog(pool, products=10)
     return pool, ns.redis()
 
 
@@ -22,25 +25,25 @@ async def _catalog(ns, max_size: int = 10):
 
 async def test_the_users_view_counts_every_query_on_the_database_side(ans):
     pool = await ans.pool()
-    await caching.setup_users(pool, n=5)
-    await caching.setup_users(pool, n=5)  # idempotent
-    before = await caching.user_queries(pool)
-    assert await caching.fetch_user(pool, 3) == {"id": 3, "name": "user 3", "email": "user3@example.com"}
-    assert await caching.fetch_user(pool, 99) is None
-    assert await caching.user_queries(pool) == before + 2
+    await ch04.setup_users(pool, n=5)
+    await ch04.setup_users(pool, n=5)  # idempotent
+    before = await ch04.user_queries(pool)
+    assert await ch04.fetch_user(pool, 3) == {"id": 3, "name": "user 3", "email": "user3@example.com"}
+    assert await ch04.fetch_user(pool, 99) is None
+    assert await ch04.user_queries(pool) == before + 2
 
 
 def test_setup_users_sync_makes_the_same_table(ns):
     with ns.connect() as conn:
-        caching.setup_users_sync(conn, n=3)
+        ch04.setup_users_sync(conn, n=3)
         assert conn.execute("SELECT count(*) FROM users").fetchone()[0] == 3
 
 
 async def test_slow_product_logs_each_query_and_its_overlap(ans):
     pool, _ = await _catalog(ans)
-    await asyncio.gather(*(caching.load_product(pool, 1, 0.05) for _ in range(3)))
-    assert await caching.db_queries(pool, "product:1") == 3
-    assert await caching.max_concurrent_queries(pool) == 3
+    await asyncio.gather(*(ch04.load_product(pool, 1, 0.05) for _ in range(3)))
+    assert await ch04.db_queries(pool, "product:1") == 3
+    assert await ch04.max_concurrent_queries(pool) == 3
 
 
 # ---------------------------------------------------------------------------- TTLs and single-flight
@@ -103,19 +106,19 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_load():
 
 async def test_a_stampede_without_protection_makes_a_query_per_request(ans):
     pool, redis = await _catalog(ans)
-    run = await caching.stampede(pool, redis, "none", n=8, load_seconds=0.05)
+    run = await ch04.stampede(pool, redis, "none", n=8, load_seconds=0.05)
     assert run.queries == 8
 
 
 async def test_single_flight_makes_one_query_for_the_burst(ans):
     pool, redis = await _catalog(ans)
-    run = await caching.stampede(pool, redis, "single-flight", n=30, load_seconds=0.05)
+    run = await ch04.stampede(pool, redis, "single-flight", n=30, load_seconds=0.05)
     assert run.queries == 1
 
 
 async def test_serve_stale_answers_from_the_old_value_and_refreshes_once(ans):
     pool, redis = await _catalog(ans)
-    run = await caching.stampede(pool, redis, "serve-stale", n=30, load_seconds=0.05)
+    run = await ch04.stampede(pool, redis, "serve-stale", n=30, load_seconds=0.05)
     assert run.queries == 1
 
 
@@ -146,17 +149,17 @@ async def test_cache_aside_caches_misses_only_with_a_miss_ttl(ans):
     plain = caching.CacheAside(redis, ttl=60)
     negative = caching.CacheAside(redis, ttl=60, miss_ttl=5)
     for _ in range(3):
-        assert await plain.get("product:404", caching.product_loader(pool, 404)) is None
-    assert await caching.db_queries(pool, "product:404") == 3
+        assert await plain.get("product:404", ch04.product_loader(pool, 404)) is None
+    assert await ch04.db_queries(pool, "product:404") == 3
     for _ in range(3):
-        assert await negative.get("product:404", caching.product_loader(pool, 404)) is None
-    assert await caching.db_queries(pool, "product:404") == 4
+        assert await negative.get("product:404", ch04.product_loader(pool, 404)) is None
+    assert await ch04.db_queries(pool, "product:404") == 4
     assert 0 < await redis.pttl("product:404") <= 6000
 
 
 async def test_across_processes_single_flight_loads_once_per_process_and_the_lock_once(ans):
     await _catalog(ans)
-    per_process, locked = await caching.stampede_across_processes(
+    per_process, locked = await processes.stampede_across_processes(
         ans, workers=2, per_worker=5, rounds=2, load_seconds=0.05
     )
     assert per_process.queries == 4 and per_process.per_expiry == 2
@@ -173,14 +176,14 @@ async def test_early_expiration_recomputes_before_the_key_expires(ans):
     pool, redis = await _catalog(ans)
     clock = VirtualClock(1000)
     cache = caching.EarlyExpiry(redis, ttl=60, clock=clock, rand=lambda: 0.5)
-    loader = caching.product_loader(pool, 1)
+    loader = ch04.product_loader(pool, 1)
     await cache.get("product:1", loader)
     clock.advance(59.99)  # 10 ms before expiry; the load took no virtual time, so delta is its 1 ms floor
     await cache.get("product:1", loader)  # gap = 1 ms * -ln(0.5) = 0.7 ms: not yet
-    assert await caching.db_queries(pool, "product:1") == 1
+    assert await ch04.db_queries(pool, "product:1") == 1
     cache.rand = lambda: 1e-12  # gap = 1 ms * 27.6 = 27.6 ms, past the expiry: refresh now
     await cache.get("product:1", loader)
-    assert await caching.db_queries(pool, "product:1") == 2
+    assert await ch04.db_queries(pool, "product:1") == 2
     assert cache.early == 1
 
 
@@ -235,8 +238,8 @@ async def test_a_redis_lock_expires_so_a_dead_holder_cannot_block_forever(ans):
 
 
 async def test_a_crashed_redis_py_lock_holder_leaves_a_lock_without_expiry(ans):
-    caching.crash_holding_lock(ans.redis_url, "report", redis_py=True)
-    caching.crash_holding_lock(ans.redis_url, "report-ttl", redis_py=False, ttl=30)
+    processes.crash_holding_lock(ans.redis_url, "report", redis_py=True)
+    processes.crash_holding_lock(ans.redis_url, "report-ttl", redis_py=False, ttl=30)
     redis = ans.redis()
     assert await redis.pttl("report") == -1
     assert 0 < await redis.pttl("report-ttl") <= 30_000
@@ -247,23 +250,23 @@ async def test_a_crashed_redis_py_lock_holder_leaves_a_lock_without_expiry(ans):
 
 async def test_write_through_reads_its_own_write_from_the_cache(ans):
     pool, redis = await _catalog(ans)
-    cache = caching.WriteThrough(redis, lambda pid, price: caching.update_product(pool, pid, price), prefix="product")
+    cache = caching.WriteThrough(redis, lambda pid, price: ch04.update_product(pool, pid, price), prefix="product")
     stored = await cache.put(2, 999)
     assert await cache.get(2) == stored and stored["price_cents"] == 999
 
 
 async def test_write_behind_loses_acknowledged_writes_when_the_process_dies(ans):
     await _catalog(ans)
-    seen = await caching.write_behind_crash(ans, orders=7, batch=5)
+    seen = await processes.write_behind_crash(ans, orders=7, batch=5)
     assert seen == {"acknowledged": 7, "in Redis": 7, "in PostgreSQL": 5}
 
 
 async def test_read_through_hides_the_loader(ans):
     pool, redis = await _catalog(ans)
-    products = caching.ReadThrough(redis, lambda pid: caching.load_product(pool, pid), prefix="p", ttl=60)
+    products = caching.ReadThrough(redis, lambda pid: ch04.load_product(pool, pid), prefix="p", ttl=60)
     assert (await products.get(3))["id"] == 3
     assert (await products.get(3))["id"] == 3
-    assert await caching.db_queries(pool, "product:3") == 1
+    assert await ch04.db_queries(pool, "product:3") == 1
 
 
 # ---------------------------------------------------------------------------- avalanche
@@ -271,18 +274,18 @@ async def test_read_through_hides_the_loader(ans):
 
 async def test_keys_written_together_with_one_ttl_expire_in_the_same_second(ans):
     redis = ans.redis()
-    await caching.write_many(redis, "same", 200, ttl=60)
-    await caching.write_many(redis, "jit", 200, ttl=60, jitter=0.2)
-    same = caching.expiries_per_second(await caching.seconds_to_expiry(redis, "same", 200))
-    spread = caching.expiries_per_second(await caching.seconds_to_expiry(redis, "jit", 200))
+    await ch04.write_many(redis, "same", 200, ttl=60)
+    await ch04.write_many(redis, "jit", 200, ttl=60, jitter=0.2)
+    same = ch04.expiries_per_second(await ch04.seconds_to_expiry(redis, "same", 200))
+    spread = ch04.expiries_per_second(await ch04.seconds_to_expiry(redis, "jit", 200))
     assert max(same.values()) >= 190
     assert max(spread.values()) < 60 and len(spread) >= 10
 
 
 async def test_prewarm_fills_every_key_with_a_ttl(ans):
     pool, redis = await _catalog(ans)
-    keys = {f"product:{i}": caching.product_loader(pool, i) for i in range(1, 6)}
-    assert await caching.prewarm(redis, keys, ttl=60) == 5
+    keys = {f"product:{i}": ch04.product_loader(pool, i) for i in range(1, 6)}
+    assert await ch04.prewarm(redis, keys, ttl=60) == 5
     assert all([0 < await redis.pttl(k) for k in keys])
 
 
@@ -291,26 +294,26 @@ async def test_prewarm_fills_every_key_with_a_ttl(ans):
 
 async def test_delete_on_write_leaves_the_old_row_cached_for_the_ttl(ans):
     pool, redis = await _catalog(ans)
-    res = await caching.read_then_set_race(redis, pool, 5, fix="none")
+    res = await ch04.read_then_set_race(redis, pool, 5, fix="none")
     assert res.stale and res.ttl_left > 200
 
 
 async def test_versioned_writes_refuse_the_late_older_fill(ans):
     pool, redis = await _catalog(ans)
-    res = await caching.read_then_set_race(redis, pool, 5, fix="versioned")
+    res = await ch04.read_then_set_race(redis, pool, 5, fix="versioned")
     assert not res.stale and res.cached == res.database
     assert any("refused" in s for s in res.steps)
 
 
 async def test_delayed_double_delete_removes_the_stale_fill(ans):
     pool, redis = await _catalog(ans)
-    res = await caching.read_then_set_race(redis, pool, 5, fix="double-delete", second_delete_after=0.02)
+    res = await ch04.read_then_set_race(redis, pool, 5, fix="double-delete", second_delete_after=0.02)
     assert res.cached is caching.MISSING
 
 
 async def test_delayed_double_delete_misses_a_reader_slower_than_the_delay(ans):
     pool, redis = await _catalog(ans)
-    res = await caching.read_then_set_race(redis, pool, 5, fix="double-delete, slow reader", second_delete_after=0.02)
+    res = await ch04.read_then_set_race(redis, pool, 5, fix="double-delete, slow reader", second_delete_after=0.02)
     assert res.stale
 
 
@@ -343,7 +346,7 @@ async def test_pub_sub_invalidates_other_pods_but_a_reconnecting_pod_misses_it(a
     channel = ans.key_prefix + "invalidate"
     a = await caching.NearCache(redis, channel, caching.LocalLRU(ttl=10, clock=clock), name="a").start()
     b = await caching.NearCache(ans.redis(), channel, caching.LocalLRU(ttl=10, clock=clock), name="b").start()
-    loader = caching.product_loader(pool, 1)
+    loader = ch04.product_loader(pool, 1)
     try:
         await a.get("product:1", loader)
         await b.get("product:1", loader)
@@ -372,4 +375,4 @@ async def test_hot_key_replicas_land_in_different_cluster_slots(ans):
 
 def test_the_worker_entry_point_refuses_unknown_commands():
     with pytest.raises(SystemExit):
-        caching.main(["dance", json.dumps({})])
+        processes.main(["dance", json.dumps({})])

@@ -43,7 +43,8 @@ def test_the_student_notebook_scores_zero_without_crashing_the_grader(chapter):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     result = json.loads(proc.stdout)
     assert set(result) == {"notebook", "score", "max_score", "tasks"}
-    graded = [c for c in solution["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+    autograded = [c for c in solution["cells"] if c["cell_type"] == "code"]  # manually graded answers are markdown
+    graded = [c for c in autograded if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
     assert len(result["tasks"]) == len(graded), result
     assert result["score"] == 0 and result["max_score"] > 0, result
     for task in result["tasks"]:

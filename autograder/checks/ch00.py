@@ -6,8 +6,8 @@ import asyncio
 from collections import Counter
 
 from autograder.harness import Report, task
+from course.chapters.ch00 import setup_visits
 from course.kit import lab
-from course.tour import setup_visits
 
 
 @task("count_visit", points=2, title="count a visit in Redis and PostgreSQL", timeout=30)

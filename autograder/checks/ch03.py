@@ -1,7 +1,7 @@
 """Hidden checks of chapter 03 (idempotency): ``create_order`` and ``consume_payment_event``.
 
 Races here are real (concurrent callers on live PostgreSQL) and the verdicts are still
-deterministic, because a :class:`Crowd` decides when the race moves on: the first charge
+deterministic, because a :class:`~autograder.probes.Crowd` decides when the race moves on: the first charge
 (or the account row the credits need) is held until every other caller has either
 started a charge, been answered, gone to sleep in its retry backoff, or is blocked inside
 PostgreSQL on a lock (seen in ``pg_stat_activity``). A check-then-insert therefore lets
@@ -12,130 +12,24 @@ Backoff sleeps run on a VirtualClock that the crowd advances only when nothing e
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
-import time
 from collections.abc import Awaitable, Callable
 
 import psycopg
 
 from autograder.harness import Report, error_line, task
-from autograder.probes import tally
+from autograder.probes import SETTLE_LIMIT, Crowd, tally
+from course.chapters.ch03 import arm_crash, crash_fired, install_crash_points
 from course.idempotency import (
     IdempotencyKeyReused,
     ProviderError,
     RequestInProgress,
-    arm_crash,
-    crash_fired,
-    install_crash_points,
     retry_in_progress,
     setup_schema,
 )
 from course.kit import lab
 from course.kit.faults import VirtualClock
 from course.retry import with_retry
-
-SETTLE_LIMIT = 2.0  # real seconds a crowd may take to settle before the check moves it on anyway
-LOCK_WAITERS = (
-    "SELECT count(*) FROM pg_stat_activity "
-    "WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-)
-
-
-class Crowd:
-    """``n`` concurrent callers whose progress the check can see.
-
-    Each caller is "calling" (running learner code), "charging" (held in ``charge``),
-    "sleeping" (in its retry backoff, on a VirtualClock) or "done". The crowd is *settled*
-    when every caller still "calling" is blocked on a PostgreSQL lock. At the first settle
-    the crowd runs ``on_settled`` (open the charge gate, or commit the transaction that
-    holds the accounts); at later settles it wakes the earliest sleeper by advancing the clock.
-    """
-
-    def __init__(self, n: int, watcher, on_settled: Callable[[], Awaitable[None]] | None = None) -> None:
-        self.n = n
-        self.watcher = watcher
-        self.clock = VirtualClock(auto=False)
-        self.state = ["calling"] * n
-        self.wake = [0.0] * n
-        self.gate = asyncio.Event()
-        self.on_settled = on_settled
-        self.released = False
-        self.stalls = 0
-        self.charging_at_release = 0
-        self.sleeping_at_release = 0
-        self.blocked_at_release = 0
-        self._who: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller", default=None)
-
-    async def sleep(self, seconds: float) -> None:
-        i = self._who.get()
-        if i is None:
-            await self.clock.sleep(seconds)
-            return
-        self.state[i] = "sleeping"
-        self.wake[i] = self.clock() + seconds
-        try:
-            await self.clock.sleep(seconds)
-        finally:
-            self.state[i] = "calling"
-
-    async def hold(self) -> None:
-        """Called inside ``charge``: wait here until the crowd has settled once."""
-        i = self._who.get()
-        if i is None or self.gate.is_set():
-            return
-        self.state[i] = "charging"
-        try:
-            await self.gate.wait()
-        finally:
-            self.state[i] = "calling"
-
-    async def _blocked(self) -> int:
-        cur = await self.watcher.execute(LOCK_WAITERS)
-        return (await cur.fetchone())[0]
-
-    async def _settle(self) -> tuple[bool, int]:
-        deadline = time.monotonic() + SETTLE_LIMIT
-        while True:
-            await asyncio.sleep(0.002)
-            calling = self.state.count("calling")
-            blocked = await self._blocked() if calling else 0
-            if blocked >= calling:
-                return True, blocked
-            if time.monotonic() > deadline:
-                return False, blocked
-
-    async def run(self, make_call: Callable[[int], Awaitable]) -> list:
-        async def one(i: int):
-            self._who.set(i)
-            try:
-                return await make_call(i)
-            finally:
-                self.state[i] = "done"
-
-        tasks = [asyncio.create_task(one(i)) for i in range(self.n)]
-        while not all(t.done() for t in tasks):
-            settled, blocked = await self._settle()
-            if all(t.done() for t in tasks):
-                break
-            self.stalls += not settled
-            if not self.released:
-                self.released = True
-                self.charging_at_release = self.state.count("charging")
-                self.sleeping_at_release = self.state.count("sleeping")
-                self.blocked_at_release = blocked
-                self.gate.set()
-                if self.on_settled is not None:
-                    await self.on_settled()
-                continue
-            sleepers = [i for i, s in enumerate(self.state) if s == "sleeping"]
-            if sleepers:
-                t = min(self.wake[i] for i in sleepers)
-                for i in sleepers:
-                    if self.wake[i] <= t:
-                        self.state[i] = "calling"
-                self.clock.advance(max(0.0, t - self.clock()))
-        return await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class CheckCard:

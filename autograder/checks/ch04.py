@@ -25,7 +25,7 @@ from redis.asyncio.client import Pipeline
 
 from autograder.harness import Report, task
 from autograder.probes import burst, seeded_random, tally
-from course.caching import add_user, setup_users, user_queries
+from course.chapters.ch04 import add_user, setup_users, user_queries
 from course.kit import lab
 
 TTL = 60.0

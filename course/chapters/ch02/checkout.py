@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from course.breaker import CircuitBreaker, CircuitOpenError
+from course.chapters.ch02 import Timeline
 
 
 @dataclass
@@ -91,9 +92,7 @@ async def load(app: Checkout, *, rate: float = 40.0, duration: float = 3.0) -> l
 
 
 def as_timeline(samples: list[Sample], breaker: CircuitBreaker | None, t0: float, outage, duration: float):
-    """Turn a load run into a :class:`~course.breaker.Timeline` for :func:`~course.breaker.plot_timeline`."""
-    from course.breaker import Timeline
-
+    """Turn a load run into a :class:`~course.chapters.ch02.Timeline` for :func:`~course.chapters.ch02.plot_timeline`."""
     outcome = {200: "ok", 503: "rejected"}
     tl = Timeline(outage=outage, duration=duration)
     tl.requests = [(s.start, s.seconds, outcome.get(s.status, "failed")) for s in samples]

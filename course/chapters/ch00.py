@@ -1,4 +1,7 @@
-"""Chapter 00 (setup and tour): measurements of the live servers and the warm-up task's table."""
+"""Chapter 00 (setup and tour): measurements of the live servers and the warm-up task's table.
+
+``visits`` is the graded task's table (``count_visit``); :func:`setup_visits` creates it.
+"""
 
 from __future__ import annotations
 

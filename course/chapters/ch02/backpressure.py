@@ -1,4 +1,4 @@
-"""Backpressure (chapter 02): the slow side makes the fast side slow down instead of buffering forever.
+"""Backpressure (chapter 02's demo): the slow side makes the fast side slow down instead of buffering forever.
 
 :func:`run_pipeline` runs a producer that offers work faster than a consumer can handle it,
 with one of four buffers between them, on a :class:`~course.kit.faults.VirtualClock` (so the

@@ -24,11 +24,12 @@ from collections.abc import Callable
 
 import httpx
 
+from autograder.checks.ch01.versions import CORRECT, MUTANTS
 from autograder.harness import Report, error_line, task
 from autograder.probes import fmt
+from course.chapters.ch01 import live_errors
 from course.kit.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
 from course.retry import is_retryable as reference_is_retryable
-from course.retry import live_errors
 from course.retry import with_retry as reference_with_retry
 
 #: real seconds one call under test may take; with injected time, correct code needs milliseconds
@@ -198,7 +199,7 @@ def expect_jittered(r: Report, what: str, got: list, draws: Draws, base: float, 
 def _retryable_cases() -> list[tuple[str, BaseException, bool]]:
     cases: list[tuple[str, BaseException, bool]] = [
         ("TimeoutError()", TimeoutError(), True),
-        ("asyncio.TimeoutError()", asyncio.TimeoutError(), True),
+        ("asyncio.TimeoutError()", TimeoutError(), True),
         ("httpx.ConnectTimeout", httpx.ConnectTimeout("connect timed out"), True),
         ("httpx.ReadTimeout", httpx.ReadTimeout("read timed out"), True),
         ("httpx.WriteTimeout", httpx.WriteTimeout("write timed out"), True),
@@ -515,216 +516,7 @@ async def check_with_retry(r: Report, with_retry) -> None:
     )
 
 
-# ----------------------------------------------------------------------------- retry_test: mutants
-
-
-async def _correct_recursive(
-    fn,
-    *,
-    retries=4,
-    base_delay=0.1,
-    max_delay=2.0,
-    retryable=reference_is_retryable,
-    sleep=asyncio.sleep,
-    rand=random.random,
-    _k=0,
-):
-    try:
-        return await fn()
-    except Exception as err:
-        if _k >= retries or not retryable(err):
-            raise
-        await sleep(rand() * min(max_delay, base_delay * 2**_k))
-    return await _correct_recursive(
-        fn,
-        retries=retries,
-        base_delay=base_delay,
-        max_delay=max_delay,
-        retryable=retryable,
-        sleep=sleep,
-        rand=rand,
-        _k=_k + 1,
-    )
-
-
-async def _correct_while(
-    fn,
-    *,
-    retries=4,
-    base_delay=0.1,
-    max_delay=2.0,
-    retryable=reference_is_retryable,
-    sleep=asyncio.sleep,
-    rand=random.random,
-):
-    attempt = 0
-    while True:
-        try:
-            return await fn()
-        except Exception as err:
-            if attempt >= retries or not retryable(err):
-                raise
-            delay = min(max_delay, base_delay * (2**attempt))
-            await sleep(delay * rand())
-            attempt += 1
-
-
-async def _no_jitter(
-    fn,
-    *,
-    retries=4,
-    base_delay=0.1,
-    max_delay=2.0,
-    retryable=reference_is_retryable,
-    sleep=asyncio.sleep,
-    rand=random.random,
-):
-    for attempt in range(retries + 1):
-        try:
-            return await fn()
-        except Exception as err:
-            if attempt == retries or not retryable(err):
-                raise
-            await sleep(min(max_delay, base_delay * 2**attempt))
-
-
-async def _constant_delay(
-    fn,
-    *,
-    retries=4,
-    base_delay=0.1,
-    max_delay=2.0,
-    retryable=reference_is_retryable,
-    sleep=asyncio.sleep,
-    rand=random.random,
-):
-    for attempt in range(retries + 1):
-        try:
-            return await fn()
-        except Exception as err:
-            if attempt == retries or not retryable(err):
-                raise
-            await sleep(rand() * min(max_delay, base_delay))
-
-
-async def _no_cap(
-    fn,
-    *,
-    retries=4,
-    base_delay=0.1,
-    max_delay=2.0,
-    retryable=reference_is_retryable,
-    sleep=asyncio.sleep,
-    rand=random.random,
-):
-    for attempt in range(retries + 1):
-        try:
-            return await fn()
-        except Exception as err:
-            if attempt == retries or not retryable(err):
-                raise
-            await sleep(rand() * base_delay * 2**attempt)
-
-
-async def _one_attempt_too_few(
-    fn,
-    *,
-    retries=4,
-    base_delay=0.1,
-    max_delay=2.0,
-    retryable=reference_is_retryable,
-    sleep=asyncio.sleep,
-    rand=random.random,
-):
-    if retries <= 0:
-        return await fn()
-    for attempt in range(retries):
-        try:
-            return await fn()
-        except Exception as err:
-            if attempt == retries - 1 or not retryable(err):
-                raise
-            await sleep(rand() * min(max_delay, base_delay * 2**attempt))
-
-
-async def _retries_everything(
-    fn,
-    *,
-    retries=4,
-    base_delay=0.1,
-    max_delay=2.0,
-    retryable=reference_is_retryable,
-    sleep=asyncio.sleep,
-    rand=random.random,
-):
-    for attempt in range(retries + 1):
-        try:
-            return await fn()
-        except Exception:
-            if attempt == retries:
-                raise
-            await sleep(rand() * min(max_delay, base_delay * 2**attempt))
-
-
-async def _sleeps_after_last(
-    fn,
-    *,
-    retries=4,
-    base_delay=0.1,
-    max_delay=2.0,
-    retryable=reference_is_retryable,
-    sleep=asyncio.sleep,
-    rand=random.random,
-):
-    for attempt in range(retries + 1):
-        try:
-            return await fn()
-        except Exception as err:
-            if not retryable(err):
-                raise
-            await sleep(rand() * min(max_delay, base_delay * 2**attempt))
-            if attempt == retries:
-                raise
-
-
-async def _swallows_final_error(
-    fn,
-    *,
-    retries=4,
-    base_delay=0.1,
-    max_delay=2.0,
-    retryable=reference_is_retryable,
-    sleep=asyncio.sleep,
-    rand=random.random,
-):
-    for attempt in range(retries + 1):
-        try:
-            return await fn()
-        except Exception as err:
-            if not retryable(err):
-                raise
-            if attempt == retries:
-                return None
-            await sleep(rand() * min(max_delay, base_delay * 2**attempt))
-
-
-#: the correct versions a learner's test must pass (the reference and two rewrites of it)
-CORRECT = {
-    "course.retry.with_retry": reference_with_retry,
-    "a recursive version": _correct_recursive,
-    "a while-loop version": _correct_while,
-}
-
-#: the wrong versions a learner's test must fail, with what is wrong in each
-MUTANTS = {
-    "no jitter": (_no_jitter, "sleeps the whole window min(max_delay, base_delay * 2**k), never calls rand()"),
-    "constant delay": (_constant_delay, "sleeps rand() * base_delay every time: the window never grows"),
-    "no cap": (_no_cap, "sleeps rand() * base_delay * 2**k: max_delay is ignored"),
-    "one attempt too few": (_one_attempt_too_few, "makes retries attempts in all instead of retries + 1"),
-    "retries a non-retryable error": (_retries_everything, "ignores retryable: a 404 is retried like a 503"),
-    "sleeps after the last attempt": (_sleeps_after_last, "waits once more before giving up"),
-    "swallows the final error": (_swallows_final_error, "returns None when the attempts are spent instead of raising"),
-}
+# ----------------------------------------------------------------------------- retry_test
 
 
 class _Spy:

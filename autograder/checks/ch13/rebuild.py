@@ -1,0 +1,209 @@
+"""Hidden checks of ``rebuild_board``: the board rebuilt from PostgreSQL while events arrive."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import psycopg
+
+from autograder.checks.ch13.rig import (
+    BOARD,
+    _board,
+    _event,
+    _mentions,
+    _show,
+    _totals,
+    _writes,
+)
+from autograder.harness import Report, task
+from autograder.probes import hooked_redis
+from course import leaderboard as lb
+from course.kit import lab
+
+
+class RebuildWatch:
+    """Counts the rebuild's round trips and records events at the worst moments it can see."""
+
+    def __init__(self, inject_new: Callable[[], Awaitable], inject_for: Callable[[], Awaitable], target: str) -> None:
+        self.inject_new, self.inject_for, self.target = inject_new, inject_for, target
+        self.writes = 0
+        self.trips = 0
+        self.new_done = self.target_done = False
+        self.log: list[str] = []
+        self.deleted_other: list[str] = []
+
+    async def hook(self, commands, send):
+        self.trips += 1
+        if _writes(commands):
+            self.writes += 1
+            if not self.new_done:
+                self.new_done = True
+                self.log.append(await self.inject_new())
+            if not self.target_done and _mentions(commands, self.target):
+                self.target_done = True
+                self.log.append(await self.inject_for())
+        return await send()
+
+
+@task("rebuild_board", points=4, title="rebuild the board from PostgreSQL while events arrive", timeout=60, seed=3535)
+async def check_rebuild_board(r: Report, rebuild_board) -> None:
+    async with lab.scratch("ch13") as ns:
+        pool = await ns.pool(max_size=12)
+        await lb.setup_schema(pool)
+        plain = ns.redis()
+        # the check's own writer gives up after 2 s on a lock, so a rebuild that locks writers out fails clearly
+        writer = await ns.pool(max_size=2, fresh=True, kwargs={"autocommit": True, "options": "-c lock_timeout=2000"})
+        try:
+            await _check_rebuild_board(r, rebuild_board, ns, pool, writer, plain)
+        finally:
+            await writer.close()
+
+
+async def _expected(pool) -> dict[str, int]:
+    return {p: lb.encode(pts, at) for p, (pts, at) in (await _totals(pool)).items()}
+
+
+def _diff(board: dict[str, int], want: dict[str, int], limit: int = 3) -> str:
+    missing = [p for p in want if p not in board]
+    wrong = [p for p in want if p in board and board[p] != want[p]]
+    extra = [p for p in board if p not in want]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} player(s) missing ({', '.join(missing[:limit])})")
+    if wrong:
+        lower = sum(board[p] < want[p] for p in wrong)
+        parts.append(
+            f"{len(wrong)} with another score ({lower} lower), e.g. "
+            + ", ".join(f"{p}: {_show(board[p])} instead of {_show(want[p])}" for p in wrong[:limit])
+        )
+    if extra:
+        parts.append(f"{len(extra)} not in PostgreSQL ({', '.join(extra[:limit])})")
+    return "; ".join(parts) or "identical"
+
+
+async def _rebuild(r: Report, rebuild_board, pool, client):
+    got = await rebuild_board(pool, client)
+    if not isinstance(got, int) or isinstance(got, bool):
+        r.fail(f"rebuild_board(pool, r) returned {got!r}; expected the number of players it wrote (an int)")
+    return got
+
+
+async def _check_rebuild_board(r: Report, rebuild_board, ns, pool, writer, plain) -> None:
+    # --- a small board, lost, rebuilt ---------------------------------------------------------
+    events = [_event(f"s-{i}", f"player{i % 40:02d}", 5 + (i * 7) % 50, 10 + i) for i in range(120)]
+    await lb.record_batch(pool, plain, events)
+    before = await _board(plain)
+    await plain.flushdb()
+    quiet = hooked_redis(ns.redis_url, lambda commands, send: send())
+    try:
+        n = await _rebuild(r, rebuild_board, pool, quiet)
+    finally:
+        await quiet.aclose()
+    after = await _board(plain)
+    r.expect(
+        after == before,
+        f"40 players, Redis wiped (FLUSHDB), rebuild_board: the board is the one before the loss ({n} returned)",
+        f"40 players, Redis wiped (FLUSHDB), rebuild_board: the board differs from the one before the loss: "
+        f"{_diff(after, before)}",
+    )
+    r.expect(n == 40, "it returned 40, the players written", f"it returned {n}, expected 40 (the players written)")
+    if r.public:
+        return
+
+    # --- 3,000 players, lost, rebuilt while events arrive ---------------------------------------
+    await lb.reset(pool, plain, BOARD)
+    rng = r.random
+    players = [f"p{i:05d}" for i in range(3000)]
+    events = [_event(f"b-{i}", p, rng.randint(1, 400), rng.randint(0, 9000)) for i, p in enumerate(players)]
+    for k in range(0, len(events), 1000):
+        await lb.record_batch(pool, plain, events[k : k + 1000])
+    await plain.flushdb()
+    await plain.set("config:season", "spring")  # other data in the same Redis database
+    await plain.zadd("leaderboard:eu", {"someone": lb.encode(1, 1)})  # another board
+    seq = iter(range(10_000))
+
+    async def inject(player: str, points: int) -> str:
+        event = _event(f"live-{next(seq)}", player, points, 9500)
+        try:
+            await lb.record(writer, plain, event)
+        except psycopg.errors.LockNotAvailable:
+            r.fail(
+                f"an event for {player} could not be recorded while rebuild_board ran: it waited 2 s for a lock the "
+                "rebuild holds. A rebuild must not stop the game: read without locking writers out"
+            )
+        return f"{player} +{points}"
+
+    await inject("early-bird", 77)  # arrived after the loss, before the rebuild
+    await inject(players[10], 50)
+    target = players[2345]
+    watch = RebuildWatch(lambda: inject("mid-rebuild", 123), lambda: inject(target, 500), target)
+    client = hooked_redis(ns.redis_url, watch.hook)
+    try:
+        n = await _rebuild(r, rebuild_board, pool, client)
+    finally:
+        await client.aclose()
+    r.note(
+        f"3,000 players, Redis wiped; 2 events recorded after the loss, then during the rebuild: "
+        f"{', '.join(watch.log) or 'none (no write was seen)'} (a new player before the rebuild's first write; "
+        f"{target} just before the write that carries its older total)"
+    )
+    want = await _expected(pool)
+    board = await _board(plain)
+    if board != want:
+        reason = ""
+        if "mid-rebuild" not in board or "early-bird" not in board:
+            reason = (
+                ". Events recorded while the rebuild ran are gone: building aside and replacing the live board "
+                "(RENAME, or DEL then ZADD) throws them away; write into the live board with ZADD ... GT "
+                "(or merge with ZUNIONSTORE ... AGGREGATE MAX)"
+            )
+        elif board.get(target, 0) < want[target]:
+            reason = (
+                f". {target}'s total from before its new event overwrote the newer one: the rebuild's snapshot is "
+                "older than what record wrote meanwhile; use ZADD ... GT so an older (smaller) score never wins"
+            )
+        r.fail(f"after the rebuild the board differs from PostgreSQL: {_diff(board, want)}{reason}")
+    r.ok(f"the board equals PostgreSQL: {len(want)} players, including every event that arrived meanwhile")
+    r.expect(
+        watch.target_done and watch.new_done,
+        "(both mid-rebuild events were injected)",
+        "the check never saw a write that carries a player: does rebuild_board write with the r it was given?",
+    )
+    r.expect(
+        isinstance(n, int) and 3000 <= n <= len(want),
+        f"it returned {n}",
+        f"it returned {n}; expected the number of players written (between 3000 and {len(want)})",
+    )
+    survivors = {
+        "config:season": await plain.get("config:season"),
+        "leaderboard:eu": await plain.zcard("leaderboard:eu"),
+    }
+    r.expect(
+        survivors == {"config:season": "spring", "leaderboard:eu": 1},
+        "other keys in the database (config:season, the board leaderboard:eu) are untouched",
+        f"other keys in the database were touched: {survivors}; rebuild only '{BOARD}' (no FLUSHDB, no KEYS+DEL)",
+    )
+    limit = len(players) // 50 + 20
+    r.expect(
+        watch.writes <= limit,
+        f"{watch.writes} write round trip(s) to Redis for {len(want)} players (batched)",
+        f"{watch.writes} write round trips to Redis for {len(want)} players: one per player makes a million-player "
+        f"rebuild take minutes. Send many players per ZADD (it takes many score-member pairs) or pipeline them "
+        f"(at most {limit} here)",
+    )
+
+    # --- again, on a board that is whole --------------------------------------------------------
+    quiet = hooked_redis(ns.redis_url, lambda commands, send: send())
+    try:
+        await _rebuild(r, rebuild_board, pool, quiet)
+    finally:
+        await quiet.aclose()
+    board = await _board(plain)
+    r.expect(
+        board == want,
+        "a second rebuild on a whole board changes nothing",
+        f"a second rebuild on a whole board changed it: {_diff(board, want)}",
+    )
+
+
+# ============================================================================ merge_top

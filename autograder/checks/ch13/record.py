@@ -1,0 +1,195 @@
+"""Hidden checks of ``record_score``: idempotent score events with the tie rule."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+
+from autograder.checks.ch13.rig import (
+    BOARD,
+    SETTLE_LIMIT,
+    BoardGate,
+    _board,
+    _event,
+    _events,
+    _show,
+    _totals,
+)
+from autograder.harness import Report, task
+from autograder.probes import hooked_redis, tally
+from course import leaderboard as lb
+from course.kit import lab
+
+
+@task("record_score", points=4, title="idempotent score events with the tie rule", timeout=60, seed=1313)
+async def check_record_score(r: Report, record_score) -> None:
+    async with lab.scratch("ch13") as ns:
+        pool = await ns.pool(max_size=14)
+        await lb.setup_schema(pool)
+        plain = ns.redis()
+        learner = hooked_redis(ns.redis_url, lambda commands, send: send())
+        watcher = await psycopg.AsyncConnection.connect(ns.database_url, autocommit=True)
+        try:
+            await _check_record_score(r, record_score, ns, pool, plain, learner, watcher)
+        finally:
+            await watcher.close()
+            await learner.aclose()
+
+
+async def _check_record_score(r: Report, record_score, ns, pool, plain, learner, watcher) -> None:
+    # --- one event, then the same event again ----------------------------------------------
+    first = _event("e-ada-1", "ada", 30, 100)
+    got = await record_score(pool, learner, first)
+    r.expect(
+        got is True, f"record_score(pool, r, {first}) returned {got!r}" + ("" if got is True else ", expected True")
+    )
+    totals, board = await _totals(pool), await _board(plain)
+    r.expect(
+        totals.get("ada") == (30, 100),
+        "leaderboard_scores has ada with 30 points reached at 100",
+        f"leaderboard_scores has {totals.get('ada')!r} for ada, expected (points, reached_at) = (30, 100)",
+    )
+    want = lb.encode(30, 100)
+    if board.get("ada") == 30:
+        r.fail(
+            f"the board holds ada's raw points (30); expected encode(30, 100) = {want}. With raw points Redis orders "
+            "equal scores by member name, not by who got there first"
+        )
+    r.expect(
+        board.get("ada") == want,
+        f"the board '{BOARD}' has ada at encode(30, 100) = {want}",
+        f"the board '{BOARD}' has ada at {_show(board.get('ada'))}, expected encode(30, 100) = {want}",
+    )
+    again = await record_score(pool, learner, first)
+    totals, board, n_events = await _totals(pool), await _board(plain), await _events(pool)
+    r.expect(
+        again is False and totals.get("ada") == (30, 100) and board.get("ada") == want and n_events == 1,
+        "the same event again returned False and changed nothing",
+        f"the same event delivered again returned {again!r} and left ada at {totals.get('ada')} in PostgreSQL, "
+        f"{_show(board.get('ada'))} on the board, {n_events} row(s) in leaderboard_events; expected False, "
+        "(30, 100), the same board score, 1 row: an event id is applied once",
+    )
+    zoe = _event("e-zoe-1", "zoe", 30, 200)
+    await record_score(pool, learner, zoe)
+    order = [m for m, _ in await plain.zrevrange(BOARD, 0, 1, withscores=True)]
+    r.expect(
+        order == ["ada", "zoe"],
+        "zoe reached 30 at 200, after ada (at 100): the board ranks ada first",
+        f"zoe reached 30 at 200, after ada (at 100), but the board ranks {order}; the earlier achiever goes first",
+    )
+    if r.public:
+        return
+
+    a, b = r.replicas("record_score", 2)
+    r.note("two replicas of record_score (your answer cell run twice, as two processes of a service) share the work")
+
+    # --- one event delivered six times at once, through both replicas ------------------------
+    dup = _event("e-bo-1", "bo", 20, 300)
+    results = await asyncio.gather(*(((a, b)[i % 2])(pool, learner, dup) for i in range(6)), return_exceptions=True)
+    applied = sum(1 for x in results if x is True)
+    errors = [x for x in results if isinstance(x, BaseException)]
+    totals, board = await _totals(pool), await _board(plain)
+    async with pool.connection() as conn:
+        rows = (
+            await (await conn.execute("SELECT count(*) FROM leaderboard_events WHERE event_id = 'e-bo-1'")).fetchone()
+        )[0]
+    ok = applied == 1 and not errors and totals.get("bo") == (20, 300) and board.get("bo") == lb.encode(20, 300)
+    if not ok and applied == 2 and totals.get("bo") == (40, 300):
+        r.fail(
+            "one event delivered 6 times at once through two replicas was applied twice (bo has 40 points, expected 20): "
+            "one per replica. State kept in one process is not shared; claim the event id in PostgreSQL "
+            "(INSERT ... ON CONFLICT DO NOTHING RETURNING) in the transaction that adds the points"
+        )
+    r.expect(
+        ok,
+        "one event delivered 6 times at once through two replicas: applied once (one True), bo has 20 points, "
+        "one leaderboard_events row",
+        f"one event delivered 6 times at once through two replicas: returned {tally(results)}; bo has "
+        f"{totals.get('bo')} in PostgreSQL and {_show(board.get('bo'))} on the board, {rows} event row(s); expected "
+        f"one True, (20, 300), {lb.encode(20, 300)}, 1 row"
+        + (
+            ". The board counted the redeliveries: a ZINCRBY that runs on every delivery is not idempotent"
+            if board.get("bo", 0) > lb.encode(20, 300) and totals.get("bo") == (20, 300)
+            else ""
+        ),
+    )
+
+    # --- events of one player out of time order ----------------------------------------------
+    await record_score(pool, learner, _event("e-cy-1", "cy", 10, 500))
+    await record_score(pool, learner, _event("e-cy-2", "cy", 5, 400))  # delivered late
+    await record_score(pool, learner, _event("e-dee-1", "dee", 15, 450))
+    totals = await _totals(pool)
+    order = [m for m, _ in await plain.zrevrange(BOARD, 0, -1, withscores=True) if m in ("cy", "dee")]
+    r.expect(
+        totals.get("cy") == (15, 500) and order == ["dee", "cy"],
+        "cy got +10 at 500 then a late +5 at 400: reached 15 at 500 (the latest event), so dee (15 at 450) ranks above",
+        f"cy got +10 at 500 then a late +5 at 400, and has {totals.get('cy')} with the board ranking {order}; "
+        "expected (15, 500) and dee (15 at 450) above cy: a total is reached at the latest of its events "
+        "(GREATEST(reached_at, at)), whatever order they arrive in",
+    )
+
+    # --- concurrent events of one player: writes that race to the board ---------------------
+    points = [7, 11, 13, 17, 19]
+    events = [_event(f"e-ivy-{k}", "ivy", p, 600 + k) for k, p in enumerate(points)]
+    gate = BoardGate(len(events), watcher)
+    learner_gated = hooked_redis(ns.redis_url, gate.hook)
+    try:
+        results = await gate.run(lambda i: ((a, b)[i % 2])(pool, learner_gated, events[i]))
+    finally:
+        await learner_gated.aclose()
+    want_total = (sum(points), 600 + len(points) - 1)
+    totals, board = await _totals(pool), await _board(plain)
+    errors = [x for x in results if isinstance(x, BaseException)]
+    r.note(
+        f"{len(events)} events of ivy at once (+{', +'.join(map(str, points))}); the check held each board write "
+        f"until the others were parked and sent the newest first ({gate.released} writes released)"
+        + (f"; the callers did not park within {SETTLE_LIMIT:g} s {gate.stalls} time(s)" if gate.stalls else "")
+    )
+    r.expect(not errors, f"all {len(events)} calls returned", f"calls raised: {tally(errors)}")
+    r.expect(
+        totals.get("ivy") == want_total,
+        f"PostgreSQL has ivy at {want_total}",
+        f"PostgreSQL has ivy at {totals.get('ivy')}, expected {want_total}: concurrent events of one player lost "
+        "an update. Add in one statement (points = points + EXCLUDED.points) in the transaction that claims the event",
+    )
+    want = lb.encode(*want_total)
+    got = board.get("ivy")
+    if got is not None and got > want:
+        r.fail(
+            f"the board has ivy at {_show(got)} while PostgreSQL says {want_total}: more than the events add up to. "
+            "Increments (ZINCRBY) computed from the same starting point were each added; write the total "
+            "PostgreSQL returns (ZADD ... GT) instead"
+        )
+    r.expect(
+        got == want,
+        f"the board has ivy at {want} (= encode{want_total})",
+        f"the board has ivy at {_show(got)} while PostgreSQL says {want_total}: a board write computed before "
+        "another event landed arrived after it and moved ivy back. Write with ZADD ... GT (scores only grow), or "
+        "write the board while you hold the player's row lock",
+    )
+
+    # --- Redis loses everything ---------------------------------------------------------------
+    await plain.flushdb()
+    again = await b(pool, learner, first)
+    totals = await _totals(pool)
+    r.expect(
+        again is False and totals.get("ada") == (30, 100),
+        "after Redis lost everything (FLUSHDB), a redelivered old event returned False and ada kept 30 points",
+        f"after Redis lost everything (FLUSHDB), the old event e-ada-1 delivered again returned {again!r} and ada "
+        f"has {totals.get('ada')} in PostgreSQL, expected False and (30, 100): the dedup record must live where the "
+        "points live (PostgreSQL), not in Redis",
+    )
+    await a(pool, learner, _event("e-ada-2", "ada", 15, 700))
+    totals, board = await _totals(pool), await _board(plain)
+    want = lb.encode(45, 700)
+    r.expect(
+        totals.get("ada") == (45, 700) and board.get("ada") == want,
+        f"then a new event for ada (+15 at 700) put her full total on the empty board: {want}",
+        f"then a new event for ada (+15 at 700): PostgreSQL has {totals.get('ada')}, the board "
+        f"{_show(board.get('ada'))}; expected (45, 700) and {want}. Write the total PostgreSQL returns (ZADD), not "
+        "an increment (ZINCRBY), so the board heals itself",
+    )
+
+
+# ============================================================================ top_and_rank

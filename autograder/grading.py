@@ -1,0 +1,527 @@
+"""One grading path for everyone: ``course check``, nbgrader's autograde, the class command.
+
+:func:`grade` takes a learner's notebook and the chapter's *trusted cells* (from the source
+notebook as nbgrader restores it, or from the manifest that ships with the course), builds a
+job of the setup cells, the learner's answer cells and the task ids, and runs it in a fresh
+:mod:`autograder.runner` process, inside the sandbox. Demo cells are never run: a grade
+depends only on what is graded, so grading takes seconds, and two callers given the same
+notebook build the same job and get the same grade.
+
+A cell that ignores its time limit, or a process that dies in learner code, is handled the
+way a careful person would: the run is repeated with that cell (or task) cut, so only the
+tasks that depend on it lose their points, with one line that says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from autograder import runner, settings
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFESTS = Path(__file__).resolve().parent / "manifests"
+
+#: Extra seconds the grading process gets past a cell's or a task's own limit before it is cut.
+GRACE = 10.0
+#: How many times a run is repeated with a stuck cell or task cut, at most.
+MAX_RERUNS = 4
+
+
+class GradingError(Exception):
+    """The grading itself could not run (no servers, no sandbox): nothing to do with the learner."""
+
+
+# ----------------------------------------------------------------------------- trusted cells
+
+
+def _nbgrader(cell: dict) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def _source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def trusted_cells(nb: dict) -> list[dict]:
+    """What grading takes from a chapter's source notebook, in order.
+
+    ``setup`` (locked code cells that are not tests, with their source), ``answer`` (the
+    learner's cells, by grade_id), ``test`` (the task and its points) and ``manual``
+    (answers an instructor grades by hand, with their points).
+    """
+    cells = []
+    for index, cell in enumerate(nb.get("cells", [])):
+        meta = _nbgrader(cell)
+        gid = meta.get("grade_id") or cell.get("id") or f"cell{index}"
+        if cell.get("cell_type") == "code":
+            if meta.get("grade"):
+                cells.append({"kind": "test", "id": gid, "task": gid.removeprefix("check_"), "points": meta["points"]})
+            elif meta.get("solution"):
+                cells.append({"kind": "answer", "id": gid})
+            elif meta.get("locked"):
+                cells.append({"kind": "setup", "id": gid, "source": _source(cell)})
+        elif cell.get("cell_type") == "markdown" and meta.get("solution") and meta.get("grade"):
+            cells.append({"kind": "manual", "id": gid, "points": meta.get("points", 0)})
+    return cells
+
+
+def manifest_path(chapter: str) -> Path:
+    return MANIFESTS / f"{chapter}.json"
+
+
+def write_manifest(chapter: str, source_nb: dict) -> Path:
+    """``autograder/manifests/<chapter>.json``: the trusted cells, shipped with the course."""
+    path = manifest_path(chapter)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"chapter": chapter, "cells": trusted_cells(source_nb)}, indent=1) + "\n")
+    return path
+
+
+def read_manifest(chapter: str) -> list[dict]:
+    path = manifest_path(chapter)
+    if not path.exists():
+        raise GradingError(f"no grading manifest for {chapter} at {path}: run `make release`")
+    return json.loads(path.read_text())["cells"]
+
+
+def stale_setup(trusted: list[dict], nb: dict) -> list[str]:
+    """Setup cells whose source in ``nb`` (as nbgrader restored it) differs from ``trusted``."""
+    sources = {_nbgrader(c).get("grade_id"): _source(c) for c in nb.get("cells", []) if _nbgrader(c).get("locked")}
+    return [c["id"] for c in trusted if c["kind"] == "setup" and c["id"] in sources and sources[c["id"]] != c["source"]]
+
+
+def known_chapters() -> list[str]:
+    return sorted(p.stem for p in MANIFESTS.glob("[0-9][0-9]_*.json"))
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class TaskGrade:
+    id: str
+    points: float
+    max_points: float
+    feedback: list[str] = field(default_factory=list)
+    status: str = "failed"  # passed | failed | not_done | tampered | cut
+    tampered: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.points >= self.max_points
+
+    def text(self) -> str:
+        return "\n".join([f"{self.id}: {self.points:g}/{self.max_points:g} points", *self.feedback])
+
+
+@dataclass
+class CellRun:
+    id: str
+    kind: str
+    ok: bool
+    stdout: str = ""
+    error: str | None = None
+    cut: str | None = None
+
+
+@dataclass
+class Graded:
+    chapter: str
+    tasks: list[TaskGrade] = field(default_factory=list)
+    cells: dict[str, CellRun] = field(default_factory=dict)
+    manual: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    sandboxed: bool = False
+
+    @property
+    def score(self) -> float:
+        return round(sum(t.points for t in self.tasks), 2)
+
+    @property
+    def max_score(self) -> float:
+        return round(sum(t.max_points for t in self.tasks), 2)
+
+    @property
+    def tampered(self) -> list[TaskGrade]:
+        return [t for t in self.tasks if t.tampered]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["score"], data["max_score"] = self.score, self.max_score
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> Graded:
+        graded = cls(data["chapter"], notes=data.get("notes", []), seconds=data.get("seconds", 0.0))
+        graded.tasks = [TaskGrade(**t) for t in data["tasks"]]
+        graded.cells = {k: CellRun(**v) for k, v in data["cells"].items()}
+        graded.manual = data.get("manual", [])
+        graded.sandboxed = data.get("sandboxed", False)
+        return graded
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def build_job(chapter: str, trusted: list[dict], submission: dict) -> dict:
+    """The runner's job: trusted setup cells and the learner's answer cells, in order."""
+    answers: dict[str, str] = {}
+    for cell in submission.get("cells", []):
+        gid = _nbgrader(cell).get("grade_id")
+        if cell.get("cell_type") == "code" and gid and gid not in answers:
+            answers[gid] = _source(cell)
+    cells, tasks = [], []
+    for cell in trusted:
+        if cell["kind"] == "setup":
+            cells.append({"kind": "setup", "id": cell["id"], "source": cell["source"]})
+        elif cell["kind"] == "answer":
+            cells.append({"kind": "answer", "id": cell["id"], "source": answers.get(cell["id"], "")})
+        elif cell["kind"] == "test":
+            cells.append({"kind": "test", "id": cell["id"], "task": cell["task"]})
+            tasks.append(cell["task"])
+    return {"chapter": chapter[:2], "cells": cells, "tasks": tasks, "cell_timeout": settings.CELL_TIMEOUT}
+
+
+def _code_version() -> str:
+    digest = hashlib.sha256()
+    for folder in ("autograder", "course"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            digest.update(path.relative_to(REPO).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+_VERSION: str | None = None
+
+
+def job_key(job: dict) -> str:
+    """A digest of the job and of the grader's code: equal keys, equal grades."""
+    global _VERSION
+    if _VERSION is None:
+        _VERSION = _code_version()
+    return hashlib.sha256((_VERSION + json.dumps(job, sort_keys=True)).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass
+class _Run:
+    events: list[dict]
+    stuck: str | None = None  # the cell or task the process was in when it stopped answering
+    why: str = ""
+    output: str = ""
+
+
+def _servers_env() -> dict[str, str]:
+    from course.kit import backends
+
+    try:
+        return backends.servers().as_env()
+    except Exception as err:  # noqa: BLE001 - any failure to find servers is the grader's problem
+        raise GradingError(f"no live servers to grade with: {err}") from err
+
+
+def _launch(job: dict, key: bytes, sandbox_mode: str) -> tuple[subprocess.Popen, int, object]:
+    """Start the runner in a sandbox; return (process, results fd, sandbox).
+
+    The caller's thread must live until the run ends: bubblewrap dies with the thread that
+    started it (which is what keeps a killed grader from leaving learner code running).
+    """
+    read_fd, write_fd = os.pipe()
+    argv = [sys.executable, "-m", "autograder.runner", str(write_fd)]
+    sandbox = _sandbox(_servers_env(), sandbox_mode)
+    try:
+        proc = sandbox.popen(
+            argv,
+            env={"NBGRADER_EXECUTION": "autograde"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+        )
+    except BaseException:
+        sandbox.close()
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    proc.stdin.write(json.dumps({**job, "key": key.hex()}).encode())
+    proc.stdin.close()
+    return proc, read_fd, sandbox
+
+
+def _sandbox(servers: dict, mode: str):
+    """A sandbox for one grading run; ``mode`` "off" (or "auto" where none works) still bounds resources."""
+    import shutil
+    import tempfile
+
+    from autograder import sandbox as sb
+
+    work = Path(tempfile.mkdtemp(prefix="course-grade-"))
+    readonly = [Path(sys.base_prefix), Path(sys.prefix), REPO / "course", REPO / "autograder"]
+    unsandboxed = mode == "off" or (mode == "auto" and not sb.available()[0])
+    try:
+        box = sb.Sandbox(workdir=work, readonly=readonly, servers=servers, unsandboxed=unsandboxed)
+    except sb.SandboxUnavailable as err:
+        shutil.rmtree(work, ignore_errors=True)
+        raise GradingError(str(err)) from None
+    close = box.close
+
+    def close_and_clean() -> None:
+        close()
+        shutil.rmtree(work, ignore_errors=True)
+
+    box.close = close_and_clean
+    return box
+
+
+def sandbox_warning(mode: str) -> str:
+    """What grading in ``mode`` gives up, in one line ("" when learner code is sandboxed)."""
+    from autograder import sandbox as sb
+
+    if mode == "off" or (mode == "auto" and not sb.available()[0]):
+        return sb._UNSANDBOXED
+    return ""
+
+
+def _kill(proc: subprocess.Popen, sandbox) -> None:
+    with contextlib.suppress(Exception):
+        sandbox.kill()
+    with contextlib.suppress(Exception):
+        proc.kill()
+    with contextlib.suppress(Exception):
+        proc.wait(10)
+    with contextlib.suppress(Exception):
+        sandbox.close()
+
+
+def _run_once(job: dict, sandbox_mode: str, run_timeout: float) -> _Run:
+    key = secrets.token_bytes(32)
+    proc, read_fd, sandbox = _launch(job, key, sandbox_mode)
+    events: list[dict] = []
+    output: list[str] = []
+    lines: list[str] = []
+    done = threading.Event()
+
+    def drain() -> None:
+        for raw in iter(proc.stdout.readline, b""):
+            output.append(raw.decode(errors="replace"))
+            del output[:-50]
+
+    def read() -> None:
+        with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as results:
+            for line in results:
+                lines.append(line)
+        done.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    started = time.monotonic()
+    seen = 0
+    forged = False
+    current: dict | None = None
+    deadline = started + 60  # imports and setup
+    stuck, why = None, ""
+    ended_at = None
+    while True:
+        done.wait(0.05)
+        while seen < len(lines):
+            body = runner.verify(key, lines[seen])
+            seen += 1
+            if body is None:
+                forged = True
+                continue
+            events.append(body)
+            if body["event"] == "start":
+                current = body
+                deadline = time.monotonic() + job.get("cell_timeout", 60) + GRACE
+            elif body["event"] == "task-start":
+                current = body
+                deadline = time.monotonic() + _task_timeout(job["chapter"], body["id"]) + GRACE
+            elif body["event"] in ("cell", "task", "done"):
+                current = None
+                deadline = time.monotonic() + 60
+        if done.is_set() and seen >= len(lines):
+            break
+        now = time.monotonic()
+        if proc.poll() is not None:  # ended; a child it left behind may still hold the pipe open
+            ended_at = ended_at or now
+            if now - ended_at > 1.0:
+                break
+            continue
+        if now > deadline or now - started > run_timeout:
+            stuck = _where(current)
+            why = "ran past its time limit and ignored the interrupt"
+            if now - started > run_timeout:
+                why = f"took over {run_timeout:g} s in all"
+            _kill(proc, sandbox)
+            reader.join(5)
+            break
+    if stuck is None:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        if not any(e["event"] == "done" for e in events):
+            stuck = _where(current)
+            why = sandbox.reason(proc.returncode, "".join(output)) or _death(proc.returncode)
+        _kill(proc, sandbox)
+    run = _Run(events, stuck, why, "".join(output))
+    if forged:
+        run.events.append({"event": "forged"})
+    return run
+
+
+def _where(current: dict | None) -> str | None:
+    """``"cell:<id>"`` or ``"task:<id>"``: what the runner was doing (ids of the two may match)."""
+    if not current:
+        return None
+    return f"cell:{current['cell']}" if current["event"] == "start" else f"task:{current['id']}"
+
+
+def _death(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        return f"ended the grading process (signal {name})"
+    return f"ended the grading process (exit code {code})"
+
+
+def _task_timeout(chapter: str, task_id: str) -> float:
+    from autograder import harness
+
+    try:
+        return harness.get_task(task_id).timeout + 2
+    except KeyError:
+        return 60.0
+
+
+def grade(
+    chapter: str,
+    trusted: list[dict],
+    submission: dict,
+    *,
+    sandbox: str = "auto",
+    run_timeout: float = settings.RUN_TIMEOUT,
+) -> Graded:
+    """Grade ``submission`` (a notebook as JSON) against ``trusted`` cells of ``chapter``.
+
+    ``sandbox``: ``"required"`` (fail when there is none), ``"auto"`` (use it when it
+    works here) or ``"off"``.
+    """
+    started = time.perf_counter()
+    job = build_job(chapter, trusted, submission)
+    cuts: dict[str, str] = {}
+    run = None
+    for _ in range(MAX_RERUNS + 1):
+        run = _run_once({**job, "skip": sorted(cuts)}, sandbox, run_timeout)
+        if run.stuck is None or run.stuck in cuts:
+            break
+        cuts[run.stuck] = run.why
+    graded = _assemble(chapter, trusted, job, run, cuts)
+    graded.seconds = time.perf_counter() - started
+    warning = sandbox_warning(sandbox)
+    graded.sandboxed = not warning
+    if warning:
+        graded.notes.append(warning)
+    return graded
+
+
+def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dict[str, str]) -> Graded:
+    graded = Graded(chapter)
+    answer_of = {}  # task id -> its answer cell's run
+    for event in run.events:
+        if event["event"] == "cell":
+            cell = CellRun(event["id"], event["kind"], event["ok"], event.get("stdout", ""), event.get("error"))
+            if event.get("cut"):
+                cell.cut = cuts.get(f"cell:{event['id']}", "was cut")
+            graded.cells[event["id"]] = cell
+            if event["kind"] == "answer":
+                answer_of[event["id"]] = cell
+    results = {e["id"]: e for e in run.events if e["event"] == "task"}
+    forged = any(e["event"] == "forged" for e in run.events)
+    setup_failed = [c for c in graded.cells.values() if c.kind == "setup" and not c.ok]
+    for cell in setup_failed:
+        graded.notes.append(f"setup cell {cell.id} failed while grading: {cell.error or cell.cut}")
+    for cell in trusted:
+        if cell["kind"] == "manual":
+            graded.manual.append({"id": cell["id"], "points": cell["points"]})
+        if cell["kind"] != "test":
+            continue
+        task_id, points = cell["task"], float(cell["points"])
+        tg = TaskGrade(task_id, 0.0, points)
+        answer = answer_of.get(task_id)
+        if answer is not None and answer.cut:
+            tg.feedback.append(
+                f"  [FAIL] your answer cell {answer.cut}: it was cut, so {task_id} was graded without it"
+            )
+        elif answer is not None and answer.error and "NotImplementedError" not in answer.error:
+            tg.feedback.append(f"  [FAIL] your answer cell raised {answer.error}")
+        result = results.get(task_id)
+        if f"task:{task_id}" in cuts:
+            tg.status = "cut"
+            tg.feedback.append(
+                f"  [FAIL] the checks of {task_id} were cut: the code under test {cuts[f'task:{task_id}']} "
+                "(does it loop forever, sleep for real, or swallow cancellation?)"
+            )
+        elif result is None:
+            tg.feedback.append(f"  [FAIL] {task_id} was not graded: {run.why or 'the grading process ended first'}")
+        else:
+            tg.feedback.extend(result["lines"])
+            tg.points = min(float(result["points"]), points)
+            if result.get("tampered"):
+                tg.status, tg.tampered, tg.points = "tampered", result["tampered"], 0.0
+                tg.feedback.append(
+                    f"  [FAIL] tampering: your code changed the grader ({result['tampered']}); "
+                    "this task earns nothing, and your instructor sees this line"
+                )
+            elif result.get("not_done"):
+                tg.status = "not_done"
+            else:
+                tg.status = "passed" if tg.points >= points else "failed"
+        if forged:
+            tg.points, tg.status = 0.0, "tampered"
+            tg.tampered = tg.tampered or "wrote to the grader's result channel"
+            tg.feedback.append("  [FAIL] tampering: something other than the grader wrote grading results")
+        graded.tasks.append(tg)
+    if run.stuck and run.stuck not in cuts:
+        graded.notes.append(f"grading stopped at {run.stuck}: {run.why}")
+    return graded
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def cached_grade(cache: Path | None, chapter: str, trusted: list[dict], submission: dict, **kwargs) -> Graded:
+    """:func:`grade`, remembered in ``cache`` by :func:`job_key` (the class command fills it)."""
+    if cache is None:
+        return grade(chapter, trusted, submission, **kwargs)
+    key = job_key(build_job(chapter, trusted, submission))
+    path = Path(cache) / f"{key}.json"
+    if path.exists():
+        try:
+            return Graded.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+    graded = grade(chapter, trusted, submission, **kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(graded.to_json()))
+    os.replace(partial, path)  # atomic: a reader never sees half a file
+    return graded

@@ -1,0 +1,509 @@
+"""Chapter 13's demos: the failures shown live, the measurements and their plots.
+
+Nothing here is a pattern to reuse (that is :mod:`course.leaderboard`): these are the wrong
+designs the chapter breaks on purpose, the loads it generates and the numbers it measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import time
+from urllib.parse import parse_qs, urlsplit
+
+from course import leaderboard as lb
+from course.kit.stats import percentile
+
+BOARD = lb.BOARD
+REGIONS = ("eu", "us", "asia")
+
+
+# ============================================================================ wrong designs, on purpose
+
+
+async def record_naive(pool, r, event: dict) -> None:
+    """Add the points everywhere, every time: no event id, raw points on the board (ZINCRBY)."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO leaderboard_scores AS s (player, points, reached_at) VALUES (%s, %s, %s) "
+            "ON CONFLICT (player) DO UPDATE SET points = s.points + EXCLUDED.points",
+            (event["player"], event["points"], event["at"]),
+        )
+    await r.zincrby(BOARD, event["points"], event["player"])
+
+
+async def record_then_write(pool, r, event: dict, *, pause: float = 0.0, gt: bool = False) -> None:
+    """Claim and add in PostgreSQL, commit, wait ``pause`` seconds (a GC pause, a slow network), then ZADD."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "INSERT INTO leaderboard_events (event_id, player, points, at) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
+            (event["event_id"], event["player"], event["points"], event["at"]),
+        )
+        if await cur.fetchone() is None:
+            return
+        cur = await conn.execute(lb.ADD_POINTS, (event["player"], event["points"], event["at"]))
+        total = await cur.fetchone()
+    await asyncio.sleep(pause)
+    await r.zadd(BOARD, {event["player"]: lb.encode(*total)}, gt=gt)
+
+
+async def rebuild_aside(pool, r, *, page: int = 5000) -> int:
+    """Build the board under another key, then RENAME it over the live one (atomic, and wrong)."""
+    scratch = f"{BOARD}:rebuilding"
+    await r.unlink(scratch)
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT player, points, reached_at FROM leaderboard_scores")
+        rows = await cur.fetchall()
+    for k in range(0, len(rows), page):
+        await r.zadd(scratch, {p: lb.encode(pts, at) for p, pts, at in rows[k : k + page]})
+    if rows:
+        await r.rename(scratch, BOARD)
+    return len(rows)
+
+
+def first_of_each(local_tops, n: int) -> list[tuple[str, float]]:
+    """The tempting merge: every shard's winner, best first."""
+    return sorted((top[0] for top in local_tops if top), key=lambda e: (e[1], e[0]), reverse=True)[:n]
+
+
+# ============================================================================ data
+
+
+async def add_players(pool, upto: int, *, start: int = 0, seed: float = 0.13) -> None:
+    """Players ``start`` to ``upto - 1`` straight into ``leaderboard_scores`` (a long-tailed spread of points)."""
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT setseed(%s)", (seed + start / 1e9,))
+        await conn.execute(
+            "INSERT INTO leaderboard_scores (player, points, reached_at) "
+            "SELECT 'p' || lpad(g::text, 7, '0'), floor(100000 * power(random(), 3))::bigint, "
+            "floor(random() * 30000000)::bigint FROM generate_series(%s::bigint, %s::bigint) g",
+            (start, upto - 1),
+        )
+
+
+async def postgres_board(pool) -> dict[str, int]:
+    """What the board should hold: every player's encoded total, from PostgreSQL."""
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT player, points, reached_at FROM leaderboard_scores")
+        return {p: lb.encode(pts, at) for p, pts, at in await cur.fetchall()}
+
+
+async def board(r, key: str = BOARD) -> dict[str, int]:
+    return {m: int(s) for m, s in await r.zrange(key, 0, -1, withscores=True)}
+
+
+def behind(on_board: dict[str, int], truth: dict[str, int]) -> int:
+    """Players whose board score is missing or lower than PostgreSQL's."""
+    return sum(on_board.get(p, -1) < s for p, s in truth.items())
+
+
+def random_events(n: int, *, players: int, prefix: str, seed: int, at: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {"event_id": f"{prefix}-{i}", "player": f"p{rng.randrange(players):07d}", "points": rng.randint(1, 50),
+         "at": at + i // 100}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+# ============================================================================ rebuilding
+
+
+async def rebuild_during_play(pool, r, rebuild, *, seconds_cap: float = 10.0, batch: int = 200) -> dict:
+    """Wipe the board, then run ``rebuild`` while a player stream keeps recording events."""
+    await r.unlink(BOARD)
+    stop = asyncio.Event()
+    recorded = 0
+
+    async def play() -> None:
+        nonlocal recorded
+        events = random_events(50_000, players=30_000, prefix=f"play{time.monotonic_ns()}", seed=7, at=40_000_000)
+        for k in range(0, len(events), batch):
+            if stop.is_set():
+                return
+            recorded += await lb.record_batch(pool, r, events[k : k + batch])
+            await asyncio.sleep(0)
+
+    player = asyncio.create_task(play())
+    started = time.perf_counter()
+    try:
+        await asyncio.wait_for(rebuild(pool, r), seconds_cap)
+    finally:
+        seconds = time.perf_counter() - started
+        stop.set()
+        await player
+    truth = await postgres_board(pool)
+    return {"seconds": seconds, "events": recorded, "behind": behind(await board(r), truth), "players": len(truth)}
+
+
+async def time_rebuilds(pool, r, sizes: list[int], *, budget: float = 15.0) -> list[dict]:
+    """Rebuild time and Redis memory per player for growing boards (players added between runs).
+
+    A size whose predicted time (linear in the players, from the runs so far) would take the
+    total past ``budget`` seconds is skipped and reported with ``"skipped": predicted seconds``.
+    """
+    await lb.reset(pool, r, BOARD)
+    results, have, spent = [], 0, 0.0
+    seed_rate = rebuild_rate = 0.0  # seconds per player, from the runs so far
+    for size in sizes:
+        if results:
+            predicted = seed_rate * (size - have) + rebuild_rate * size
+            if spent + predicted > budget:
+                results.append({"players": size, "skipped": predicted})
+                continue
+        started = time.perf_counter()
+        await add_players(pool, size, start=have)
+        seed_rate = (time.perf_counter() - started) / (size - have)
+        have = size
+        await r.unlink(BOARD)
+        began = time.perf_counter()
+        written = await lb.rebuild(pool, r)
+        seconds = time.perf_counter() - began
+        rebuild_rate = seconds / max(written, 1)
+        memory = await r.memory_usage(BOARD) or 0
+        spent += time.perf_counter() - started
+        results.append({"players": written, "seconds": seconds, "bytes_per_player": memory / max(written, 1)})
+    return results
+
+
+# ============================================================================ reads
+
+
+async def read_latencies(pool, r, samples: int = 200) -> dict[str, list[float]]:
+    """Milliseconds per read: top 100 and one rank, from Redis and from PostgreSQL."""
+    rng = random.Random(3)
+    players = await r.zrandmember(BOARD, 500)
+    out: dict[str, list[float]] = {
+        "Redis top 100": [],
+        "Redis rank": [],
+        "PostgreSQL top 100": [],
+        "PostgreSQL rank": [],
+    }
+
+    async def timed(name, coro):
+        started = time.perf_counter()
+        await coro
+        out[name].append((time.perf_counter() - started) * 1000)
+
+    for i in range(samples):
+        player = rng.choice(players)
+        await timed("Redis top 100", r.zrevrange(BOARD, 0, 99, withscores=True))
+        await timed("Redis rank", r.zrevrank(BOARD, player))
+        if i % 10 == 0:  # PostgreSQL's rank scans; fewer samples keep the demo quick
+            await timed("PostgreSQL top 100", lb.top_from_postgres(pool, 100))
+            await timed("PostgreSQL rank", _postgres_rank(pool, player))
+    return out
+
+
+async def _postgres_rank(pool, player: str) -> int:
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT 1 + count(*) FROM leaderboard_scores s, "
+            "(SELECT points, reached_at, player FROM leaderboard_scores WHERE player = %s) me "
+            "WHERE s.points > me.points OR (s.points = me.points AND s.reached_at < me.reached_at) "
+            "OR (s.points = me.points AND s.reached_at = me.reached_at AND s.player > me.player)",
+            (player,),
+        )
+        return (await cur.fetchone())[0]
+
+
+# ============================================================================ throughput
+
+
+async def updates_per_second(pool, r, *, events: int, workers: int = 16, batch: int = 500) -> dict[str, float]:
+    """Score updates per second through the course's code: one event per transaction, and batched."""
+    stamp = time.monotonic_ns()
+    one = random_events(events, players=10_000, prefix=f"one{stamp}", seed=1)
+    queue = iter(one)
+
+    async def worker() -> None:
+        for event in queue:
+            await lb.record(pool, r, event)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    single = events / (time.perf_counter() - started)
+
+    many = random_events(events * 10, players=10_000, prefix=f"many{stamp}", seed=2)
+    started = time.perf_counter()
+    for k in range(0, len(many), batch):
+        await lb.record_batch(pool, r, many[k : k + batch])
+    batched = len(many) / (time.perf_counter() - started)
+    return {f"record, {workers} at once": single, f"record_batch of {batch}": batched}
+
+
+async def zadd_per_second(r, *, n: int, depth: int = 1000) -> dict[str, float]:
+    """ZADDs per second from redis-py: one round trip each, then pipelined ``depth`` at a time."""
+    key = f"{BOARD}:bench"
+    await r.unlink(key)
+    started = time.perf_counter()
+    for i in range(n // 10):
+        await r.zadd(key, {f"m{i}": i})
+    one_by_one = (n // 10) / (time.perf_counter() - started)
+    started = time.perf_counter()
+    for k in range(0, n, depth):
+        pipe = r.pipeline(transaction=False)
+        for i in range(k, min(k + depth, n)):
+            pipe.zadd(key, {f"m{i}": i})
+        await pipe.execute()
+    pipelined = n / (time.perf_counter() - started)
+    await r.unlink(key)
+    return {"ZADD, one round trip each": one_by_one, f"ZADD, pipelined {depth} deep": pipelined}
+
+
+def _connect(url: str) -> tuple[socket.socket, int, str | None]:
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    if parts.scheme == "unix":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(parts.path)
+        db = int(query.get("db", ["0"])[0])
+    else:
+        sock = socket.create_connection((parts.hostname or "localhost", parts.port or 6379))
+        db = int((parts.path or "/0").strip("/") or 0)
+    return sock, db, parts.password
+
+
+def _command(*args) -> bytes:
+    out = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def raw_zadd_loop(url: str, *, n: int = 400_000, depth: int = 128, members: int = 100_000) -> float:
+    """The server's own speed: ZADDs per second from a bare socket, ``depth`` commands per write.
+
+    What ``redis-benchmark -t zadd -P depth`` does: no client library, the commands prebuilt,
+    the replies only counted. Sync and blocking: run it in a thread.
+    """
+    sock, db, password = _connect(url)
+    try:
+        setup = (_command("AUTH", password) if password else b"") + _command("SELECT", db)
+        sock.sendall(setup)
+        _read_replies(sock, 2 if password else 1)
+        key = f"{BOARD}:raw"
+        chunks = [
+            b"".join(_command("ZADD", key, (j * 7919) % 1_000_003, f"m{j % members}") for j in range(k, k + depth))
+            for k in range(0, members, depth)
+        ]
+        sent = 0
+        started = time.perf_counter()
+        while sent < n:
+            sock.sendall(chunks[(sent // depth) % len(chunks)])
+            _read_replies(sock, depth)
+            sent += depth
+        seconds = time.perf_counter() - started
+        sock.sendall(_command("UNLINK", key))
+        _read_replies(sock, 1)
+        return sent / seconds
+    finally:
+        sock.close()
+
+
+def _read_replies(sock: socket.socket, count: int) -> None:
+    """Read ``count`` one-line replies (``:1``, ``+OK``); an error reply raises."""
+    seen, tail = 0, b""
+    while seen < count:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError("Redis closed the connection")
+        if b"-" in data and re.search(rb"(^|\r\n)-", tail + data):
+            raise RuntimeError(f"Redis answered an error: {(tail + data)[:200]!r}")
+        seen += data.count(b"\r\n")
+        tail = data[-2:]
+
+
+def redis_benchmark(url: str, *, n: int = 400_000, depth: int = 128) -> float | None:
+    """ZADDs per second from ``redis-benchmark`` (Debian's redis-tools), if it is installed."""
+    tool = shutil.which("redis-benchmark")
+    if tool is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        where = ["-s", parts.path]
+        db = parse_qs(parts.query).get("db", ["0"])[0]
+    else:
+        where = ["-h", parts.hostname or "localhost", "-p", str(parts.port or 6379)]
+        db = (parts.path or "/0").strip("/") or "0"
+    if parts.password:
+        where += ["-a", parts.password]
+    proc = subprocess.run(
+        [tool, *where, "--dbnum", str(db), "-t", "zadd", "-n", str(n), "-P", str(depth), "-r", "100000", "-q"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    found = re.search(r"ZADD: ([\d.]+) requests per second", proc.stdout)
+    return float(found.group(1)) if found else None
+
+
+async def command_stats(r, command: str) -> tuple[int, int]:
+    """``(calls, microseconds)`` the server has spent on ``command`` so far (``INFO commandstats``)."""
+    stats = (await r.info("commandstats")).get(f"cmdstat_{command.lower()}", {})
+    return int(stats.get("calls", 0)), int(stats.get("usec", 0))
+
+
+# ============================================================================ shards and the long tail
+
+
+async def fill_shards(r, per_shard: int, *, seed: int = 5) -> list[str]:
+    """One board per region, ``per_shard`` players each (points drawn from one long-tailed spread)."""
+    rng = random.Random(seed)
+    keys = []
+    for region in REGIONS:
+        key = f"{BOARD}:{region}"
+        await r.unlink(key)
+        entries = [
+            (f"{region}-{i:06d}", lb.encode(int(100_000 * rng.random() ** 3), rng.randrange(30_000_000)))
+            for i in range(per_shard)
+        ]
+        for k in range(0, per_shard, 10_000):
+            await r.zadd(key, dict(entries[k : k + 10_000]))
+        keys.append(key)
+    return keys
+
+
+async def union_top(r, keys: list[str], n: int) -> list[tuple[str, float]]:
+    """The global top n the expensive way: every shard copied into one board (ZUNIONSTORE)."""
+    scratch = f"{BOARD}:union"
+    await r.zunionstore(scratch, keys, aggregate="MAX")
+    try:
+        return await r.zrevrange(scratch, 0, n - 1, withscores=True)
+    finally:
+        await r.unlink(scratch)
+
+
+async def rank_estimates(pool, r, width: int, sample: int = 400) -> list[tuple[int, int]]:
+    """``(exact rank, estimated rank)`` for players from the top to the bottom of the board.
+
+    Positions are spread evenly on a log scale (the top is where estimates are hardest); the
+    exact rank is the position, the estimate comes from a histogram of ``width``-point bands.
+    """
+    histogram = await lb.score_histogram(pool, width)
+    total = await r.zcard(BOARD)
+    positions = sorted({min(total - 1, int(total ** (k / (sample - 1))) - 1) for k in range(sample)})
+    pipe = r.pipeline(transaction=False)
+    for i in positions:
+        pipe.zrevrange(BOARD, i, i, withscores=True)
+    replies = await pipe.execute()
+    return [
+        (i + 1, lb.approximate_rank(histogram, width, lb.decode(reply[0][1])[0]))
+        for i, reply in zip(positions, replies, strict=True)
+        if reply
+    ]
+
+
+# ============================================================================ plots
+
+
+def plot_rebuilds(results: list[dict], extrapolate_to: int = 100_000_000):
+    from course.kit import plotting
+
+    results = [x for x in results if "seconds" in x]
+    sizes = [x["players"] for x in results]
+    seconds = [x["seconds"] for x in results]
+    per_player = sum(seconds) / sum(sizes)
+    fig, ax = plotting.figure(7.5, 3.2)
+    ax.plot(sizes, seconds, "o-", color=plotting.COLORS["fix"], label="measured here")
+    ax.plot(sizes, [s * per_player for s in sizes], ":", color=plotting.COLORS["neutral"],
+            label=f"linear fit: {per_player * 1e6:.1f} µs per player")  # fmt: skip
+    ax.set(xlabel="players on the board", ylabel="rebuild seconds", title="Rebuilding the board from PostgreSQL")
+    ax.ticklabel_format(axis="x", style="plain")
+    ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g} M" if x >= 1e6 else f"{x / 1e3:g} k")
+    plotting.legend_outside(ax)
+    return fig, per_player * extrapolate_to
+
+
+def plot_reads(latencies: dict[str, list[float]], budget_ms: float = 10.0):
+    from course.kit import plotting
+
+    names = list(latencies)
+    p50 = [percentile(latencies[k], 50) for k in names]
+    p99 = [percentile(latencies[k], 99) for k in names]
+    fig, ax = plotting.figure(7.5, 2.8)
+    y = range(len(names))
+    ax.barh([i - 0.2 for i in y], p50, height=0.4, color=plotting.COLORS["fix"], label="p50")
+    ax.barh([i + 0.2 for i in y], p99, height=0.4, color=plotting.COLORS["warn"], label="p99")
+    ax.axvline(budget_ms, color=plotting.COLORS["bad"], linestyle="--", label=f"budget: {budget_ms:g} ms")
+    ax.set_yticks(list(y), names)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set(xlabel="milliseconds (log scale)", title="Reading the board")
+    plotting.legend_outside(ax)
+    return fig
+
+
+def plot_throughput(rates: dict[str, float], target: float = 10_000):
+    from course.kit import plotting
+
+    names = list(rates)
+    fig, ax = plotting.figure(7.5, 0.45 * len(names) + 1.2)
+    colors = [plotting.COLORS["ok"] if v >= target else plotting.COLORS["bad"] for v in rates.values()]
+    ax.barh(names, list(rates.values()), color=colors)
+    for i, v in enumerate(rates.values()):
+        ax.text(v * 1.08, i, f"{v:,.0f}/s", va="center", fontsize="small")
+    ax.axvline(target, color=plotting.COLORS["neutral"], linestyle="--", label=f"peak to carry: {target:,.0f}/s")
+    ax.set_xscale("log")
+    ax.set_xlim(right=max(rates.values()) * 6)
+    ax.invert_yaxis()
+    ax.set(xlabel="score updates per second (log scale)", title="Throughput: the course's code and the raw server")
+    plotting.legend_outside(ax)
+    return fig
+
+
+def plot_rank_estimates(pairs: list[tuple[int, int]], width: int):
+    from course.kit import plotting
+
+    exact = [a for a, _ in pairs]
+    errors = [abs(e - a) / a * 100 for a, e in pairs]
+    fig, ax = plotting.figure(7.5, 3.0)
+    ax.scatter(exact, errors, s=8, color=plotting.COLORS["fix"], label=f"histogram of {width}-point bands")
+    ax.axhline(statistics.median(errors), color=plotting.COLORS["neutral"], linestyle=":",
+               label=f"median error {statistics.median(errors):.2f}%")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set(xlabel="exact rank (log scale)", ylabel="estimate off by (%)", title="Approximate rank for the long tail")
+    plotting.legend_outside(ax)
+    return fig
+
+
+# ============================================================================ the live page
+
+
+async def play(pool, r, *, seconds: float, players: int = 40, per_tick: int = 6, tick: float = 0.1) -> int:
+    """Score events for a handful of players, ``per_tick`` every ``tick`` seconds: the board moves."""
+    from course.chapters.ch13.live import season_clock
+
+    rng = random.Random()
+    stamp = time.monotonic_ns()
+    recorded, i = 0, 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        events = []
+        for _ in range(per_tick):
+            i += 1
+            player = "you" if rng.random() < 0.03 else f"player{rng.randrange(players):02d}"
+            events.append({"event_id": f"live-{stamp}-{i}", "player": player, "points": rng.choice([5, 10, 25, 50]),
+                           "at": season_clock()})  # fmt: skip
+        recorded += await lb.record_batch(pool, r, events)
+        await asyncio.sleep(tick)
+    return recorded
+
+
+async def read_stream(url: str, frames: int, *, path: str = "/events", timeout: float = 10.0) -> list[str]:
+    """The raw lines a browser receives from the stream, until ``frames`` events have arrived."""
+    import httpx
+
+    lines: list[str] = []
+    async with httpx.AsyncClient(base_url=url, timeout=timeout) as http, http.stream("GET", path) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            lines.append(line)
+            if sum(x.startswith("data:") for x in lines) >= frames:
+                break
+    return lines

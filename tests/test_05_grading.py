@@ -1,0 +1,709 @@
+"""Chapter 05 grading: the wrong consumers and replays learners write are rejected, correct designs pass.
+
+Each wrong answer is kept as source: the correct answer with one plausible change (so the
+change, and nothing else, is what the check must catch), or written out whole when the
+design itself is the mistake. The failures are injected per message and the kills at named
+points (autograder/checks/ch05.py), so every verdict here is the same on every run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import assert_accepted, assert_rejected, run_source
+
+HEADER = """
+import asyncio
+import random
+import time
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+"""
+
+# ----------------------------------------------------------------------------- ordered_consumer: correct designs
+
+LANES = (
+    HEADER
+    + """
+async def ordered_consumer(pool, redis, handle, *, stream, group, consumer, dlq, policy, sleep, rand, clock, claim_idle_ms=60_000):
+    async def apply(entry_id, fields):
+        # one transaction: park if the key is blocked, else record the id and apply the change
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT 1 FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR SHARE", (stream, fields["key"])
+            )
+            if await cur.fetchone() is not None:
+                await conn.execute(
+                    "INSERT INTO mq_parked (stream, entry_id, key, fields) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT DO NOTHING",
+                    (stream, entry_id, fields["key"], Jsonb(fields)),
+                )
+                return
+            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:  # a new message id: apply it
+                await handle(conn, fields)
+
+    async def process(entry_id, fields):
+        state = RetryState()
+        try:
+            await retry_call(lambda: apply(entry_id, fields), policy, clock=clock, sleep=sleep, rand=rand, state=state)
+        except Exception as err:  # permanent, or out of attempts: dead-letter it and block its key
+            reason = "permanent" if state.gave_up == "not retryable" else "exhausted"
+            entry = dlq_entry(
+                fields,
+                stream=stream,
+                entry_id=entry_id,
+                attempts=state.attempt,
+                first_failed_at=state.first_failure_at,
+                last_failed_at=state.last_failure_at,
+                error=err,
+                reason=reason,
+            )
+            dlq_id = await redis.xadd(dlq, entry)
+            async with pool.connection() as conn:
+                await conn.execute(
+                    "INSERT INTO mq_blocked_keys (stream, key, entry_id, message_id, dlq_id, fields, reason) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb(fields), reason),
+                )
+        await redis.xack(stream, group, entry_id)  # only after the commit
+
+    waiting = {}  # key -> entries of that key not started yet, in stream order
+    lanes = {}  # key -> the task working through them
+
+    async def lane(key):
+        while waiting[key]:
+            entry_id, fields = waiting[key].pop(0)
+            await process(entry_id, fields)
+        del waiting[key], lanes[key]
+
+    async with asyncio.TaskGroup() as tg:
+
+        def dispatch(entries):
+            for entry_id, fields in entries:
+                waiting.setdefault(fields["key"], []).append((entry_id, fields))
+                if fields["key"] not in lanes:
+                    lanes[fields["key"]] = tg.create_task(lane(fields["key"]))
+
+        cursor = "0-0"
+        while True:  # first what a dead consumer left pending
+            cursor, claimed, *_ = await redis.xautoclaim(stream, group, consumer, claim_idle_ms, cursor, count=100)
+            dispatch(claimed)
+            if cursor == "0-0":
+                break
+        while True:  # then new entries, until there are none and every lane is done
+            reply = await redis.xreadgroup(group, consumer, {stream: ">"}, count=100)
+            if reply:
+                dispatch(reply[0][1])
+            elif lanes:
+                await asyncio.wait(list(lanes.values()), return_when=asyncio.FIRST_COMPLETED)
+            else:
+                break
+"""
+)
+
+
+def patched(source: str, *changes: tuple[str, str]) -> str:
+    """``source`` with each ``old`` replaced by ``new``; every ``old`` must be there."""
+    for old, new in changes:
+        assert old in source, f"patch target not found: {old!r}"
+        source = source.replace(old, new)
+    return source
+
+
+QUEUES_OWN_BACKOFF = (
+    HEADER
+    + """
+async def ordered_consumer(pool, redis, handle, *, stream, group, consumer, dlq, policy, sleep, rand, clock,
+                           claim_idle_ms=60_000):
+    # one asyncio.Queue and one worker per key; a hand-written retry loop; one entry per read; acks in a pipeline
+    queues, workers = {}, []
+
+    async def attempt(entry_id, fields):
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute("SELECT count(*) FROM mq_blocked_keys WHERE stream = %s AND key = %s",
+                                         (stream, fields["key"]))
+                if (await cur.fetchone())[0]:
+                    await conn.execute("INSERT INTO mq_parked (stream, entry_id, key, fields) "
+                                       "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                                       (stream, entry_id, fields["key"], Jsonb(fields)))
+                    return
+                cur = await conn.execute("SELECT 1 FROM mq_processed WHERE message_id = %s", (fields["id"],))
+                if await cur.fetchone():
+                    return
+                await conn.execute("INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s)",
+                                   (fields["id"], stream, entry_id))
+                await handle(conn, fields)
+
+    async def one(entry_id, fields):
+        first = last = None
+        for n in range(1, policy.max_attempts + 1):
+            try:
+                await attempt(entry_id, fields)
+                break
+            except Exception as err:
+                last = clock()
+                first = first if first is not None else last
+                if not policy.retryable(err) or n == policy.max_attempts:
+                    reason = "exhausted" if policy.retryable(err) else "permanent"
+                    entry = {**fields, "source_stream": stream, "source_entry_id": entry_id, "attempts": str(n),
+                             "first_failed_at": str(first), "last_failed_at": str(last), "error": str(err),
+                             "error_type": type(err).__name__, "reason": reason}
+                    dlq_id = await redis.xadd(dlq, entry)
+                    async with pool.connection() as conn:
+                        await conn.execute(
+                            "INSERT INTO mq_blocked_keys (stream, key, entry_id, message_id, dlq_id, fields, reason) "
+                            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                            (stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb(fields), reason))
+                    break
+                window = min(policy.backoff.cap, policy.backoff.base * 2 ** (n - 1))
+                await sleep(rand() * window)
+        pipe = redis.pipeline()
+        pipe.xack(stream, group, entry_id)
+        await pipe.execute()
+
+    async def worker(q):
+        while True:
+            item = await q.get()
+            try:
+                if item is None:
+                    return
+                await one(*item)
+            finally:
+                q.task_done()
+
+    def put(entry_id, fields):
+        if fields["key"] not in queues:
+            queues[fields["key"]] = asyncio.Queue()
+            workers.append(asyncio.create_task(worker(queues[fields["key"]])))
+        queues[fields["key"]].put_nowait((entry_id, fields))
+
+    try:
+        start = "0-0"
+        while True:
+            reply = await redis.xautoclaim(stream, group, consumer, claim_idle_ms, start, count=10)
+            for entry_id, fields in reply[1]:
+                put(entry_id, fields)
+            start = reply[0]
+            if start == "0-0":
+                break
+        while True:
+            reply = await redis.xreadgroup(group, consumer, {stream: ">"}, count=1)
+            if reply:
+                for entry_id, fields in reply[0][1]:
+                    put(entry_id, fields)
+                continue
+            busy = [q for q in queues.values() if q._unfinished_tasks]
+            if not busy:
+                break
+            await asyncio.wait([asyncio.ensure_future(q.join()) for q in busy], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for q in queues.values():
+            q.put_nowait(None)
+        await asyncio.gather(*workers)
+"""
+)
+
+LOCK_PER_KEY = patched(
+    LANES,
+    (
+        """    waiting = {}  # key -> entries of that key not started yet, in stream order
+    lanes = {}  # key -> the task working through them
+
+    async def lane(key):
+        while waiting[key]:
+            entry_id, fields = waiting[key].pop(0)
+            await process(entry_id, fields)
+        del waiting[key], lanes[key]
+""",
+        """    locks = {}  # key -> an asyncio.Lock: waiters are served first come, first served
+    lanes = {}  # one task per entry
+
+    async def lane(entry_id, fields):
+        async with locks.setdefault(fields["key"], asyncio.Lock()):
+            await process(entry_id, fields)
+        del lanes[entry_id]
+""",
+    ),
+    (
+        """                waiting.setdefault(fields["key"], []).append((entry_id, fields))
+                if fields["key"] not in lanes:
+                    lanes[fields["key"]] = tg.create_task(lane(fields["key"]))
+""",
+        """                lanes[entry_id] = tg.create_task(lane(entry_id, fields))
+""",
+    ),
+)
+
+
+HANDLER_TIMEOUT = patched(  # the handler under a timeout of its own: wait_for runs it in another task on 3.11
+    LANES,
+    (
+        "                await handle(conn, fields)\n",
+        "                await asyncio.wait_for(handle(conn, fields), 5)\n",
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [LANES, QUEUES_OWN_BACKOFF, LOCK_PER_KEY, HANDLER_TIMEOUT],
+    ids=["lanes-retry_call", "queues-own-backoff", "lock-per-key", "handler-timeout"],
+)
+def test_05_ordered_consumer_correct_designs_pass(source):
+    assert_accepted("ordered_consumer", source)
+
+
+def test_05_ordered_consumer_stub_is_not_done():
+    res = run_source(
+        "ordered_consumer",
+        HEADER
+        + """
+async def ordered_consumer(pool, redis, handle, *, stream, group, consumer, dlq, policy, sleep, rand, clock,
+                           claim_idle_ms=60_000):
+    raise NotImplementedError("not done yet")
+""",
+    )
+    assert res.points == 0 and res.not_done, res.text()
+
+
+# ----------------------------------------------------------------------------- ordered_consumer: wrong answers
+
+ACK_BEFORE_WORK = patched(
+    LANES,
+    (
+        "        state = RetryState()\n",
+        "        await redis.xack(stream, group, entry_id)  # ack first\n        state = RetryState()\n",
+    ),
+    ("        await redis.xack(stream, group, entry_id)  # only after the commit\n", ""),
+)
+
+ACK_INSIDE_TRANSACTION = patched(
+    LANES,
+    (
+        "                await handle(conn, fields)\n",
+        "                await handle(conn, fields)\n                await redis.xack(stream, group, entry_id)\n",
+    ),
+)
+
+IN_MEMORY_DEDUP = patched(
+    LANES,
+    (
+        """            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:  # a new message id: apply it
+                await handle(conn, fields)
+""",
+        """            if fields["id"] not in SEEN:  # a set in this process
+                await handle(conn, fields)
+        SEEN.add(fields["id"])
+""",
+    ),
+    ("async def ordered_consumer(", "SEEN = set()\n\n\nasync def ordered_consumer("),
+)
+
+DEDUP_IN_ITS_OWN_COMMIT = patched(
+    LANES,
+    (
+        """        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT 1 FROM mq_blocked_keys""",
+        """        async with pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT 1 FROM mq_blocked_keys""",
+    ),
+)
+
+RETRY_QUEUE = patched(
+    LANES,
+    (
+        """            await retry_call(lambda: apply(entry_id, fields), policy, clock=clock, sleep=sleep, rand=rand, state=state)
+        except Exception as err:  # permanent, or out of attempts: dead-letter it and block its key
+""",
+        """            await apply(entry_id, fields)
+        except Exception as err:
+            tries = int(fields.get("tries", "1"))
+            if policy.retryable(err) and tries < policy.max_attempts:  # to the back of the stream, try later
+                await redis.xadd(stream, {**fields, "tries": str(tries + 1)})
+                await redis.xack(stream, group, entry_id)
+                return
+            state.attempt, state.first_failure_at = tries, clock()
+            state.last_failure_at = clock()
+            state.gave_up = None if policy.retryable(err) else "not retryable"
+""",
+    ),
+)
+
+SERIAL = (
+    HEADER
+    + """
+async def ordered_consumer(pool, redis, handle, *, stream, group, consumer, dlq, policy, sleep, rand, clock,
+                           claim_idle_ms=60_000):
+    # one message at a time, in stream order: simple, and every key waits for every other key
+    async def apply(entry_id, fields):
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("SELECT 1 FROM mq_blocked_keys WHERE stream = %s AND key = %s",
+                                     (stream, fields["key"]))
+            if await cur.fetchone():
+                await conn.execute("INSERT INTO mq_parked (stream, entry_id, key, fields) VALUES (%s, %s, %s, %s) "
+                                   "ON CONFLICT DO NOTHING", (stream, entry_id, fields["key"], Jsonb(fields)))
+                return
+            cur = await conn.execute("INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                                     "ON CONFLICT DO NOTHING RETURNING 1", (fields["id"], stream, entry_id))
+            if await cur.fetchone():
+                await handle(conn, fields)
+
+    async def process(entry_id, fields):
+        state = RetryState()
+        try:
+            await retry_call(lambda: apply(entry_id, fields), policy, clock=clock, sleep=sleep, rand=rand, state=state)
+        except Exception as err:
+            reason = "permanent" if state.gave_up == "not retryable" else "exhausted"
+            entry = dlq_entry(fields, stream=stream, entry_id=entry_id, attempts=state.attempt,
+                              first_failed_at=state.first_failure_at, last_failed_at=state.last_failure_at,
+                              error=err, reason=reason)
+            dlq_id = await redis.xadd(dlq, entry)
+            async with pool.connection() as conn:
+                await conn.execute("INSERT INTO mq_blocked_keys (stream, key, entry_id, message_id, dlq_id, fields, "
+                                   "reason) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                                   (stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb(fields), reason))
+        await redis.xack(stream, group, entry_id)
+
+    _, claimed, *_ = await redis.xautoclaim(stream, group, consumer, claim_idle_ms, "0-0", count=100)
+    for entry_id, fields in claimed:
+        await process(entry_id, fields)
+    while reply := await redis.xreadgroup(group, consumer, {stream: ">"}, count=100):
+        for entry_id, fields in reply[0][1]:
+            await process(entry_id, fields)
+"""
+)
+
+BATCH_WAITS_FOR_BATCH = patched(
+    LANES,
+    (
+        'reply = await redis.xreadgroup(group, consumer, {stream: ">"}, count=100)',
+        'reply = await redis.xreadgroup(group, consumer, {stream: ">"}, count=2)',
+    ),
+    (
+        """            if reply:
+                dispatch(reply[0][1])
+""",
+        """            if reply:
+                dispatch(reply[0][1])
+                await asyncio.gather(*lanes.values())  # the whole batch first, then the next read
+""",
+    ),
+)
+
+ALL_AT_ONCE = patched(
+    LANES,
+    (
+        """                waiting.setdefault(fields["key"], []).append((entry_id, fields))
+                if fields["key"] not in lanes:
+                    lanes[fields["key"]] = tg.create_task(lane(fields["key"]))
+""",
+        """                lanes[entry_id] = tg.create_task(process(entry_id, fields))  # every entry at once
+                lanes[entry_id].add_done_callback(lambda t, e=entry_id: lanes.pop(e, None))
+""",
+    ),
+)
+
+NO_BLOCK = patched(
+    LANES,
+    (
+        """            cur = await conn.execute(
+                "SELECT 1 FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR SHARE", (stream, fields["key"])
+            )
+            if await cur.fetchone() is not None:""",
+        """            if False:  # skip the dead message and go on with the key""",
+    ),
+)
+
+RETRIES_PERMANENT = patched(
+    LANES,
+    (
+        "await retry_call(lambda: apply(entry_id, fields), policy,",
+        "await retry_call(lambda: apply(entry_id, fields), RetryPolicy(policy.max_attempts, None, policy.backoff, "
+        "lambda err: True),",
+    ),
+)
+
+OWN_LOOP = """
+        first = None
+        for n in range(1, policy.max_attempts + 1):
+            try:
+                await apply(entry_id, fields)
+                break
+            except Exception as err:
+                now = clock()
+                first = now if first is None else first
+                if not policy.retryable(err) or n == policy.max_attempts:
+                    entry = dlq_entry(fields, stream=stream, entry_id=entry_id, attempts=n, first_failed_at=first,
+                                      last_failed_at=now, error=err,
+                                      reason="exhausted" if policy.retryable(err) else "permanent")
+                    dlq_id = await redis.xadd(dlq, entry)
+                    async with pool.connection() as conn:
+                        await conn.execute(
+                            "INSERT INTO mq_blocked_keys (stream, key, entry_id, message_id, dlq_id, fields, reason) "
+                            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                            (stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb(fields), entry["reason"]))
+                    break
+                await sleep(DELAY)
+        await redis.xack(stream, group, entry_id)  # only after the commit
+"""
+
+
+def own_loop(delay: str, *, unbounded: bool = False) -> str:
+    body = OWN_LOOP.replace("DELAY", delay)
+    if unbounded:
+        body = body.replace("for n in range(1, policy.max_attempts + 1):", "for n in itertools.count(1):")
+        body = body.replace("or n == policy.max_attempts", "")
+    start = LANES.index("        state = RetryState()\n")
+    end = LANES.index("        await redis.xack(stream, group, entry_id)  # only after the commit\n")
+    end += len("        await redis.xack(stream, group, entry_id)  # only after the commit\n")
+    return "import itertools\n" + LANES[:start] + body.lstrip("\n") + LANES[end:]
+
+
+NO_JITTER = own_loop("min(policy.backoff.cap, policy.backoff.base * 2 ** (n - 1))")
+UNBOUNDED = own_loop("rand() * min(policy.backoff.cap, policy.backoff.base * 2 ** (n - 1))", unbounded=True)
+
+DLQ_WITHOUT_METADATA = patched(
+    LANES,
+    ("dlq_id = await redis.xadd(dlq, entry)", "dlq_id = await redis.xadd(dlq, fields)  # the message, as it came"),
+)
+
+NO_TAKEOVER = patched(
+    LANES,
+    (
+        """        cursor = "0-0"
+        while True:  # first what a dead consumer left pending
+            cursor, claimed, *_ = await redis.xautoclaim(stream, group, consumer, claim_idle_ms, cursor, count=100)
+            dispatch(claimed)
+            if cursor == "0-0":
+                break
+""",
+        "",
+    ),
+)
+
+NEW_BEFORE_CLAIMED = patched(
+    LANES,
+    (
+        """        cursor = "0-0"
+        while True:  # first what a dead consumer left pending
+""",
+        """        fresh = await redis.xreadgroup(group, consumer, {stream: ">"}, count=100)
+        if fresh:
+            dispatch(fresh[0][1])  # new entries first
+        cursor = "0-0"
+        while True:
+""",
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (ACK_BEFORE_WORK, "before its change"),
+        (ACK_INSIDE_TRANSACTION, "before its change"),
+        (IN_MEMORY_DEDUP, "not shared"),
+        (DEDUP_IN_ITS_OWN_COMMIT, "commit of its own"),
+        (RETRY_QUEUE, "overtake"),
+        (SERIAL, "head-of-line"),
+        (BATCH_WAITS_FOR_BATCH, "later batch"),
+        (ALL_AT_ONCE, "one at a time"),
+        (NO_BLOCK, "block the key"),
+        (RETRIES_PERMANENT, "permanent error"),
+        (NO_JITTER, "no jitter"),
+        (UNBOUNDED, "unbounded"),
+        (DLQ_WITHOUT_METADATA, "lacks"),
+        (NO_TAKEOVER, "XAUTOCLAIM"),
+        (NEW_BEFORE_CLAIMED, "stream order"),
+    ],
+    ids=[
+        "ack-before-work",
+        "ack-inside-transaction",
+        "in-memory-dedup",
+        "dedup-in-its-own-commit",
+        "retry-queue-reorders",
+        "whole-stream-serial",
+        "batch-waits-for-batch",
+        "all-entries-at-once",
+        "key-not-blocked",
+        "retries-permanent-errors",
+        "no-jitter",
+        "unbounded-attempts",
+        "dlq-without-metadata",
+        "no-takeover",
+        "new-before-claimed",
+    ],
+)
+def test_05_ordered_consumer_wrong_answers_rejected(source, mentions):
+    assert_rejected("ordered_consumer", source, mentions=mentions)
+
+
+# ----------------------------------------------------------------------------- replay_key
+
+ONE_TRANSACTION = (
+    HEADER
+    + """
+async def replay_key(pool, redis, handle, *, stream, key, dlq):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT entry_id, dlq_id, fields FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR UPDATE",
+            (stream, key),
+        )
+        block = await cur.fetchone()
+        if block is None:  # not blocked (or replayed already): nothing to do
+            return 0
+        dead_entry, dlq_id, dead_fields = block
+        cur = await conn.execute(
+            "SELECT entry_id, fields FROM mq_parked WHERE stream = %s AND key = %s "
+            "ORDER BY split_part(entry_id, '-', 1)::bigint, split_part(entry_id, '-', 2)::bigint",
+            (stream, key),
+        )
+        applied = 0
+        for entry_id, fields in [(dead_entry, dead_fields), *await cur.fetchall()]:
+            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:
+                await handle(conn, fields)
+                applied += 1
+        await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND key = %s", (stream, key))
+        await conn.execute("DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key))
+    await redis.xdel(dlq, dlq_id)  # after the commit
+    return applied
+"""
+)
+
+PER_MESSAGE_COMMITS = (
+    HEADER
+    + """
+async def replay_key(pool, redis, handle, *, stream, key, dlq):
+    # each message in its own transaction; the block goes last, so nothing overtakes meanwhile
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT entry_id, dlq_id, fields FROM mq_blocked_keys WHERE stream = %s AND key = %s",
+                                 (stream, key))
+        block = await cur.fetchone()
+        if block is None:
+            return 0
+        cur = await conn.execute("SELECT entry_id, fields FROM mq_parked WHERE stream = %s AND key = %s", (stream, key))
+        parked = sorted(await cur.fetchall(), key=lambda row: tuple(map(int, row[0].split("-"))))
+    applied = 0
+    for entry_id, fields in [(block[0], block[2]), *parked]:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                                     "ON CONFLICT DO NOTHING RETURNING 1", (fields["id"], stream, entry_id))
+            if await cur.fetchone():
+                await handle(conn, fields)
+                applied += 1
+            await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND entry_id = %s", (stream, entry_id))
+    async with pool.connection() as conn:
+        await conn.execute("DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key))
+    await redis.xdel(dlq, block[1])
+    return applied
+"""
+)
+
+
+@pytest.mark.parametrize("source", [ONE_TRANSACTION, PER_MESSAGE_COMMITS], ids=["one-transaction", "per-message"])
+def test_05_replay_key_correct_designs_pass(source):
+    assert_accepted("replay_key", source)
+
+
+REPLAY_PARKED_FIRST = patched(
+    ONE_TRANSACTION,
+    ("[(dead_entry, dead_fields), *await cur.fetchall()]", "[*await cur.fetchall(), (dead_entry, dead_fields)]"),
+)
+REPLAY_TEXT_ORDER = patched(
+    ONE_TRANSACTION,
+    ("ORDER BY split_part(entry_id, '-', 1)::bigint, split_part(entry_id, '-', 2)::bigint", "ORDER BY entry_id"),
+)
+REPLAY_WITHOUT_DEDUP = patched(
+    ONE_TRANSACTION,
+    (
+        """            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:
+""",
+        """            if True:
+""",
+    ),
+)
+REPLAY_UNBLOCK_FIRST = patched(
+    PER_MESSAGE_COMMITS,
+    (
+        """    applied = 0
+    for entry_id""",
+        """    async with pool.connection() as conn:
+        await conn.execute("DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key))
+    applied = 0
+    for entry_id""",
+    ),
+)
+REPLAY_KEEPS_DEAD_LETTER = patched(ONE_TRANSACTION, ("    await redis.xdel(dlq, dlq_id)  # after the commit\n", ""))
+REPLAY_SKIPS_FAILURES = patched(
+    PER_MESSAGE_COMMITS,
+    (
+        """        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("INSERT INTO mq_processed""",
+        """        try:
+          async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("INSERT INTO mq_processed""",
+    ),
+    (
+        """            await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND entry_id = %s", (stream, entry_id))
+""",
+        """            await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND entry_id = %s", (stream, entry_id))
+        except Exception:
+            continue  # skip what still fails and replay the rest
+""",
+    ),
+)
+REPLAY_LEAVES_PARKED = patched(
+    ONE_TRANSACTION,
+    ('        await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND key = %s", (stream, key))\n', ""),
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (REPLAY_PARKED_FIRST, "dead-lettered message first"),
+        (REPLAY_TEXT_ORDER, "as text"),
+        (REPLAY_WITHOUT_DEDUP, "once"),
+        (REPLAY_UNBLOCK_FIRST, "overtake"),
+        (REPLAY_KEEPS_DEAD_LETTER, "XDEL"),
+        (REPLAY_SKIPS_FAILURES, "roll back"),
+        (REPLAY_LEAVES_PARKED, "mq_parked still holds"),
+    ],
+    ids=[
+        "parked-first",
+        "text-order",
+        "without-dedup",
+        "unblock-first",
+        "keeps-dead-letter",
+        "skips-failures",
+        "leaves-parked",
+    ],
+)
+def test_05_replay_key_wrong_answers_rejected(source, mentions):
+    assert_rejected("replay_key", source, mentions=mentions)

@@ -1,0 +1,678 @@
+"""Chapter 07 grading: the wrong answers learners write are rejected, for the reason the chapter
+teaches; correct designs pass.
+
+Each answer is kept as the source a learner would type into the answer cell. The races run
+through the chapter's gate (course/chapters/ch07/rig.py), so every verdict is the same on
+every run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import assert_accepted, assert_rejected
+
+HEADER = """
+import psycopg
+from psycopg.types.json import Jsonb
+from course.eventstore import ConcurrencyConflict
+"""
+
+# ============================================================================= append_events: correct
+
+# A reference is wrapped in a function of the answer cell: replicas re-run the cell that defined the name.
+APPEND_REFERENCE = """
+from course import eventstore
+
+async def append_events(pool, stream_id, expected_version, events):
+    return await eventstore.append(pool, stream_id, expected_version, events)
+"""
+
+READ_CHECK_INSERT = (
+    HEADER
+    + """
+async def append_events(pool, stream_id, expected_version, events):
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM es_events WHERE stream_id = %s", (stream_id,))
+            (current,) = await cur.fetchone()
+            if current != expected_version:
+                raise ConcurrencyConflict(stream_id, expected_version, current)
+            for i, e in enumerate(events, 1):
+                await conn.execute("INSERT INTO es_events (stream_id, version, type, data) VALUES (%s, %s, %s, %s)",
+                                   (stream_id, expected_version + i, e["type"], Jsonb(e["data"])))
+    except psycopg.errors.UniqueViolation:
+        raise ConcurrencyConflict(stream_id, expected_version) from None
+    return expected_version + len(events)
+"""
+)
+
+STREAM_LOCK = (
+    HEADER
+    + """
+async def append_events(pool, stream_id, expected_version, events):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (stream_id,))
+        cur = await conn.execute("SELECT count(*) FROM es_events WHERE stream_id = %s", (stream_id,))
+        (current,) = await cur.fetchone()
+        if current != expected_version:
+            raise ConcurrencyConflict(stream_id, expected_version, current)
+        async with conn.cursor() as c:
+            await c.executemany("INSERT INTO es_events (stream_id, version, type, data) VALUES (%s, %s, %s, %s)",
+                                [(stream_id, expected_version + i, e["type"], Jsonb(e["data"]))
+                                 for i, e in enumerate(events, 1)])
+    return expected_version + len(events)
+"""
+)
+
+ONE_STATEMENT = (
+    HEADER
+    + """
+import json
+
+async def append_events(pool, stream_id, expected_version, events):
+    rows = json.dumps([{"type": e["type"], "data": e["data"]} for e in events])
+    try:
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                '''INSERT INTO es_events (stream_id, version, type, data)
+                   SELECT %(s)s, %(v)s + ord, e->>'type', e->'data'
+                     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS t(e, ord)
+                    WHERE (SELECT coalesce(max(version), 0) FROM es_events WHERE stream_id = %(s)s) = %(v)s
+                   RETURNING version''',
+                {"s": stream_id, "v": expected_version, "rows": rows})
+            written = await cur.fetchall()
+    except psycopg.errors.UniqueViolation:
+        raise ConcurrencyConflict(stream_id, expected_version) from None
+    if len(written) != len(events):
+        raise ConcurrencyConflict(stream_id, expected_version)
+    return expected_version + len(events)
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [APPEND_REFERENCE, READ_CHECK_INSERT, STREAM_LOCK, ONE_STATEMENT],
+    ids=["reference", "read-check-insert-unique", "per-stream-advisory-lock", "one-conditional-insert"],
+)
+def test_07_append_events_correct_designs_pass(source):
+    assert_accepted("append_events", source)
+
+
+# ============================================================================= append_events: wrong
+
+READ_THEN_INSERT = (
+    HEADER
+    + """
+async def append_events(pool, stream_id, expected_version, events):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT coalesce(max(version), 0) FROM es_events WHERE stream_id = %s", (stream_id,))
+        (current,) = await cur.fetchone()
+        if current != expected_version:
+            raise ConcurrencyConflict(stream_id, expected_version, current)
+        for i, e in enumerate(events, 1):
+            await conn.execute("INSERT INTO es_events (stream_id, version, type, data) VALUES (%s, %s, %s, %s)",
+                               (stream_id, current + i, e["type"], Jsonb(e["data"])))
+    return current + len(events)
+"""
+)
+
+IGNORES_EXPECTED_VERSION = (
+    HEADER
+    + """
+async def append_events(pool, stream_id, expected_version, events):
+    while True:
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                cur = await conn.execute("SELECT coalesce(max(version), 0) FROM es_events WHERE stream_id = %s", (stream_id,))
+                (current,) = await cur.fetchone()
+                for i, e in enumerate(events, 1):
+                    await conn.execute("INSERT INTO es_events (stream_id, version, type, data) VALUES (%s, %s, %s, %s)",
+                                       (stream_id, current + i, e["type"], Jsonb(e["data"])))
+            return current + len(events)
+        except psycopg.errors.UniqueViolation:
+            continue
+"""
+)
+
+TRUSTS_EXPECTED_VERSION = (
+    HEADER
+    + """
+async def append_events(pool, stream_id, expected_version, events):
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            for i, e in enumerate(events, 1):
+                await conn.execute("INSERT INTO es_events (stream_id, version, type, data) VALUES (%s, %s, %s, %s)",
+                                   (stream_id, expected_version + i, e["type"], Jsonb(e["data"])))
+    except psycopg.errors.UniqueViolation:
+        raise ConcurrencyConflict(stream_id, expected_version) from None
+    return expected_version + len(events)
+"""
+)
+
+NOT_ATOMIC = (
+    HEADER
+    + """
+async def append_events(pool, stream_id, expected_version, events):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT coalesce(max(version), 0) FROM es_events WHERE stream_id = %s", (stream_id,))
+        (current,) = await cur.fetchone()
+        if current != expected_version:
+            raise ConcurrencyConflict(stream_id, expected_version, current)
+        try:
+            for i, e in enumerate(events, 1):  # autocommit: each insert is its own transaction
+                await conn.execute("INSERT INTO es_events (stream_id, version, type, data) VALUES (%s, %s, %s, %s)",
+                                   (stream_id, expected_version + i, e["type"], Jsonb(e["data"])))
+        except psycopg.errors.UniqueViolation:
+            raise ConcurrencyConflict(stream_id, expected_version) from None
+    return expected_version + len(events)
+"""
+)
+
+PROCESS_LOCK = (
+    HEADER
+    + """
+import asyncio
+_lock = asyncio.Lock()
+
+async def append_events(pool, stream_id, expected_version, events):
+    async with _lock:  # one writer at a time... in this process
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("SELECT coalesce(max(version), 0) FROM es_events WHERE stream_id = %s", (stream_id,))
+            (current,) = await cur.fetchone()
+            if current != expected_version:
+                raise ConcurrencyConflict(stream_id, expected_version, current)
+            for i, e in enumerate(events, 1):
+                await conn.execute("INSERT INTO es_events (stream_id, version, type, data) VALUES (%s, %s, %s, %s)",
+                                   (stream_id, current + i, e["type"], Jsonb(e["data"])))
+        return current + len(events)
+"""
+)
+
+CATCHES_EVERYTHING = (
+    HEADER
+    + """
+async def append_events(pool, stream_id, expected_version, events):
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("SELECT count(*) FROM es_events WHERE stream_id = %s", (stream_id,))
+            (current,) = await cur.fetchone()
+            if current != expected_version:
+                raise ConcurrencyConflict(stream_id, expected_version, current)
+            for i, e in enumerate(events, 1):
+                await conn.execute("INSERT INTO es_events (stream_id, version, type, data) VALUES (%s, %s, %s, %s)",
+                                   (stream_id, current + i, e["type"], Jsonb(e["data"])))
+    except psycopg.errors.UniqueViolation:
+        raise ConcurrencyConflict(stream_id, expected_version) from None
+    except Exception:
+        raise ConcurrencyConflict(stream_id, expected_version) from None
+    return current + len(events)
+"""
+)
+
+
+GLOBAL_MAX = READ_CHECK_INSERT.replace(
+    'SELECT coalesce(max(version), 0) FROM es_events WHERE stream_id = %s", (stream_id,)',
+    'SELECT coalesce(max(version), 0) FROM es_events", ()',
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (GLOBAL_MAX, "per stream"),
+        (READ_THEN_INSERT, "raise ConcurrencyConflict (catch"),
+        (IGNORES_EXPECTED_VERSION, "expected ConcurrencyConflict"),
+        (TRUSTS_EXPECTED_VERSION, "not a gap"),
+        (NOT_ATOMIC, "partial batch"),
+        (PROCESS_LOCK, "two replicas"),
+    ],
+    ids=[
+        "global-max",
+        "read-then-insert",
+        "ignores-expected-version",
+        "trusts-expected-version",
+        "not-atomic",
+        "process-lock",
+    ],
+)
+def test_07_append_events_wrong_answers_are_rejected(source, mentions):
+    assert_rejected("append_events", source, mentions=mentions)
+
+
+def test_07_append_events_accepts_every_error_reported_as_a_conflict():
+    """Reporting every error as a conflict is sloppy, but the append stays all or nothing: accepted."""
+    assert_accepted("append_events", CATCHES_EVERYTHING)
+
+
+# ============================================================================= account_projection
+
+PROJECTION_REFERENCE = """
+from course import projections
+
+async def apply_events(pool, events):
+    return await projections.apply_events(pool, events)
+
+async def rebuild_balances(pool):
+    return await projections.rebuild_balances(pool)
+"""
+
+CONDITIONAL_CHECKPOINT = """
+async def apply_events(pool, events):
+    if not events:
+        return 0
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT position FROM projection_checkpoints WHERE name = 'account_balances' FOR UPDATE")
+        (checkpoint,) = await cur.fetchone()
+        new = [e for e in events if e["position"] > checkpoint]
+        for e in new:
+            if e["type"] == "AccountOpened":
+                await conn.execute("INSERT INTO account_balances VALUES (%s, %s, 0, %s)",
+                                   (e["stream_id"], e["data"]["owner"], e["version"]))
+            else:
+                sign = 1 if e["type"] == "Deposited" else -1
+                await conn.execute(
+                    "UPDATE account_balances SET balance_cents = balance_cents + %s, version = %s WHERE account_id = %s",
+                    (sign * e["data"]["amount_cents"], e["version"], e["stream_id"]))
+        if new:
+            await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'",
+                               (new[-1]["position"],))
+    return len(new)
+
+
+async def rebuild_balances(pool):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("TRUNCATE account_balances")
+        await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+    total = 0
+    while True:
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT position, stream_id, version, type, data FROM es_events WHERE position > "
+                "(SELECT position FROM projection_checkpoints WHERE name = 'account_balances') ORDER BY position LIMIT 7")
+            rows = await cur.fetchall()
+        if not rows:
+            return total
+        total += await apply_events(pool, [dict(zip(["position", "stream_id", "version", "type", "data"], r)) for r in rows])
+"""
+
+CHECKPOINT_FIRST_COMPARE_AND_SET = """
+async def _apply(conn, e):
+    if e["type"] == "AccountOpened":
+        await conn.execute("INSERT INTO account_balances (account_id, owner, balance_cents, version) VALUES (%s, %s, 0, %s)",
+                           (e["stream_id"], e["data"]["owner"], e["version"]))
+        return
+    delta = e["data"]["amount_cents"] * (1 if e["type"] == "Deposited" else -1)
+    await conn.execute("UPDATE account_balances SET balance_cents = balance_cents + %s, version = %s WHERE account_id = %s",
+                       (delta, e["version"], e["stream_id"]))
+
+
+async def apply_events(pool, events):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = 'account_balances'")
+        (seen,) = await cur.fetchone()
+        new = [e for e in events if e["position"] > seen]
+        if not new:
+            return 0
+        # compare-and-set: only the transaction that moves the checkpoint from `seen` applies
+        cur = await conn.execute(
+            "UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances' AND position = %s RETURNING 1",
+            (new[-1]["position"], seen))
+        if await cur.fetchone() is None:
+            raise RuntimeError("another projector moved the checkpoint; redeliver")
+        for e in new:
+            await _apply(conn, e)
+    return len(new)
+
+
+async def rebuild_balances(pool):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("DELETE FROM account_balances")
+        await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+        cur = await conn.execute("SELECT position, stream_id, version, type, data FROM es_events ORDER BY position")
+        rows = await cur.fetchall()
+    return await apply_events(pool, [dict(zip(["position", "stream_id", "version", "type", "data"], r)) for r in rows])
+"""
+
+
+@pytest.mark.parametrize(
+    "source",
+    [PROJECTION_REFERENCE, CONDITIONAL_CHECKPOINT, CHECKPOINT_FIRST_COMPARE_AND_SET],
+    ids=["reference", "for-update-checkpoint", "compare-and-set-checkpoint"],
+)
+def test_07_account_projection_correct_designs_pass(source):
+    assert_accepted("account_projection", source)
+
+
+_APPLY_ONE = """
+async def _apply(conn, e):
+    if e["type"] == "AccountOpened":
+        await conn.execute("INSERT INTO account_balances (account_id, owner, balance_cents, version) VALUES (%s, %s, 0, %s)",
+                           (e["stream_id"], e["data"]["owner"], e["version"]))
+        return
+    delta = e["data"]["amount_cents"] * (1 if e["type"] == "Deposited" else -1)
+    await conn.execute("UPDATE account_balances SET balance_cents = balance_cents + %s, version = %s WHERE account_id = %s",
+                       (delta, e["version"], e["stream_id"]))
+
+async def _checkpoint(conn):
+    cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = 'account_balances'")
+    return (await cur.fetchone())[0]
+
+async def rebuild_balances(pool):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("DELETE FROM account_balances")
+        await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+        cur = await conn.execute("SELECT position, stream_id, version, type, data FROM es_events ORDER BY position")
+        rows = await cur.fetchall()
+    return await apply_events(pool, [dict(zip(["position", "stream_id", "version", "type", "data"], r)) for r in rows])
+"""
+
+CHECKPOINT_OUTSIDE_TRANSACTION = (
+    _APPLY_ONE
+    + """
+async def apply_events(pool, events):
+    async with pool.connection() as conn:
+        seen = await _checkpoint(conn)
+    new = [e for e in events if e["position"] > seen]
+    if not new:
+        return 0
+    async with pool.connection() as conn, conn.transaction():
+        for e in new:
+            await _apply(conn, e)
+    async with pool.connection() as conn:
+        await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'",
+                           (new[-1]["position"],))
+    return len(new)
+"""
+)
+
+CHECKPOINT_COMMITTED_FIRST = (
+    _APPLY_ONE
+    + """
+async def apply_events(pool, events):
+    async with pool.connection() as conn:
+        seen = await _checkpoint(conn)
+        new = [e for e in events if e["position"] > seen]
+        if not new:
+            return 0
+        await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'",
+                           (new[-1]["position"],))
+    async with pool.connection() as conn, conn.transaction():
+        for e in new:
+            await _apply(conn, e)
+    return len(new)
+"""
+)
+
+NO_CHECKPOINT_LOCK = (
+    _APPLY_ONE
+    + """
+async def apply_events(pool, events):
+    async with pool.connection() as conn, conn.transaction():
+        seen = await _checkpoint(conn)  # no FOR UPDATE
+        new = [e for e in events if e["position"] > seen]
+        for e in new:
+            await _apply(conn, e)
+        if new:
+            await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'",
+                               (new[-1]["position"],))
+    return len(new)
+"""
+)
+
+SEEN_SET_IN_MEMORY = (
+    _APPLY_ONE
+    + """
+_seen = set()
+
+async def apply_events(pool, events):
+    new = [e for e in events if e["position"] not in _seen]
+    async with pool.connection() as conn, conn.transaction():
+        for e in new:
+            await _apply(conn, e)
+        if new:
+            await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'",
+                               (new[-1]["position"],))
+    _seen.update(e["position"] for e in new)
+    return len(new)
+"""
+)
+
+REBUILD_WITHOUT_RESET = (
+    _APPLY_ONE.replace(
+        """        await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+""",
+        "",
+    )
+    + """
+async def apply_events(pool, events):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = 'account_balances' FOR UPDATE")
+        (seen,) = await cur.fetchone()
+        new = [e for e in events if e["position"] > seen]
+        for e in new:
+            await _apply(conn, e)
+        if new:
+            await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'",
+                               (new[-1]["position"],))
+    return len(new)
+"""
+)
+
+SWALLOWS_ERRORS = (
+    _APPLY_ONE
+    + """
+async def apply_events(pool, events):
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = 'account_balances' FOR UPDATE")
+            (seen,) = await cur.fetchone()
+            new = [e for e in events if e["position"] > seen]
+            for e in new:
+                await _apply(conn, e)
+            if new:
+                await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'",
+                                   (new[-1]["position"],))
+        return len(new)
+    except Exception as err:
+        print("projection error, skipping batch:", err)
+        return 0
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (CHECKPOINT_OUTSIDE_TRANSACTION, "applied them again"),
+        (CHECKPOINT_COMMITTED_FIRST, "write both in one transaction"),
+        (NO_CHECKPOINT_LOCK, "FOR UPDATE"),
+        (SEEN_SET_IN_MEMORY, "state kept in one process is not shared"),
+        (REBUILD_WITHOUT_RESET, "reset the checkpoint"),
+        (SWALLOWS_ERRORS, "swallowed"),
+    ],
+    ids=[
+        "checkpoint-outside-transaction",
+        "checkpoint-committed-first",
+        "no-checkpoint-lock",
+        "seen-set-in-memory",
+        "rebuild-without-reset",
+        "swallows-errors",
+    ],
+)
+def test_07_account_projection_wrong_answers_are_rejected(source, mentions):
+    assert_rejected("account_projection", source, mentions=mentions)
+
+
+# ============================================================================= search_indexer
+
+SEARCH = """
+async def search_docs(pool, query, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT doc_id FROM search_documents, websearch_to_tsquery('english', %s) q "
+            "WHERE NOT deleted AND tsv @@ q ORDER BY ts_rank(tsv, q) DESC, doc_id LIMIT %s", (query, limit))
+        return [r[0] for r in await cur.fetchall()]
+"""
+
+TSV = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
+
+INDEXER_REFERENCE = """
+from course import search
+
+async def index_event(pool, event):
+    return await search.index_event(pool, event)
+
+async def search_docs(pool, query, limit=10):
+    return await search.search(pool, query, limit)
+"""
+
+ROW_LOCK_THEN_COMPARE = (
+    SEARCH
+    + f"""
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {{"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if deleted else event["title"], "body": "" if deleted else event["body"]}}
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("INSERT INTO search_documents (doc_id, version) VALUES (%(doc_id)s, 0) "
+                           "ON CONFLICT (doc_id) DO NOTHING", p)
+        cur = await conn.execute("SELECT version FROM search_documents WHERE doc_id = %(doc_id)s FOR UPDATE", p)
+        (current,) = await cur.fetchone()
+        if event["version"] <= current:
+            return
+        await conn.execute(
+            "UPDATE search_documents SET version = %(version)s, title = %(title)s, body = %(body)s, "
+            "deleted = %(deleted)s, tsv = {TSV} WHERE doc_id = %(doc_id)s", p)
+"""
+)
+
+GENERATED_STYLE_UPDATE_WHERE = (
+    SEARCH
+    + f"""
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {{"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if deleted else event["title"], "body": "" if deleted else event["body"]}}
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE search_documents SET version = %(version)s, title = %(title)s, body = %(body)s, "
+            "deleted = %(deleted)s, tsv = {TSV} WHERE doc_id = %(doc_id)s AND version < %(version)s RETURNING 1", p)
+        if await cur.fetchone() is None:
+            await conn.execute(
+                "INSERT INTO search_documents (doc_id, version, title, body, deleted, tsv) "
+                "VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV}) "
+                "ON CONFLICT (doc_id) DO UPDATE SET version = EXCLUDED.version, title = EXCLUDED.title, "
+                "body = EXCLUDED.body, deleted = EXCLUDED.deleted, tsv = EXCLUDED.tsv "
+                "WHERE search_documents.version < EXCLUDED.version", p)
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [INDEXER_REFERENCE, ROW_LOCK_THEN_COMPARE, GENERATED_STYLE_UPDATE_WHERE],
+    ids=["reference", "row-lock-then-compare", "conditional-update-then-upsert"],
+)
+def test_07_search_indexer_correct_designs_pass(source):
+    assert_accepted("search_indexer", source)
+
+
+LAST_WRITE_WINS = (
+    SEARCH
+    + f"""
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {{"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if deleted else event["title"], "body": "" if deleted else event["body"]}}
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO search_documents (doc_id, version, title, body, deleted, tsv) "
+            "VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV}) "
+            "ON CONFLICT (doc_id) DO UPDATE SET version = EXCLUDED.version, title = EXCLUDED.title, "
+            "body = EXCLUDED.body, deleted = EXCLUDED.deleted, tsv = EXCLUDED.tsv", p)
+"""
+)
+
+DELETE_THE_ROW = (
+    SEARCH
+    + f"""
+async def index_event(pool, event):
+    async with pool.connection() as conn:
+        if event["op"] == "delete":
+            await conn.execute("DELETE FROM search_documents WHERE doc_id = %s", (event["doc_id"],))
+            return
+        await conn.execute(
+            "INSERT INTO search_documents (doc_id, version, title, body, tsv) "
+            "VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, {TSV}) "
+            "ON CONFLICT (doc_id) DO UPDATE SET version = EXCLUDED.version, title = EXCLUDED.title, "
+            "body = EXCLUDED.body, tsv = EXCLUDED.tsv WHERE search_documents.version < EXCLUDED.version", event)
+"""
+)
+
+READ_THEN_WRITE = (
+    SEARCH
+    + f"""
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {{"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if deleted else event["title"], "body": "" if deleted else event["body"]}}
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT version FROM search_documents WHERE doc_id = %(doc_id)s", p)
+        row = await cur.fetchone()
+        if row is not None and row[0] >= event["version"]:
+            return  # stale or repeated
+        await conn.execute(
+            "INSERT INTO search_documents (doc_id, version, title, body, deleted, tsv) "
+            "VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV}) "
+            "ON CONFLICT (doc_id) DO UPDATE SET version = EXCLUDED.version, title = EXCLUDED.title, "
+            "body = EXCLUDED.body, deleted = EXCLUDED.deleted, tsv = EXCLUDED.tsv", p)
+"""
+)
+
+TSV_AT_QUERY_TIME = """
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if deleted else event["title"], "body": "" if deleted else event["body"]}
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO search_documents (doc_id, version, title, body, deleted) "
+            "VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s) "
+            "ON CONFLICT (doc_id) DO UPDATE SET version = EXCLUDED.version, title = EXCLUDED.title, "
+            "body = EXCLUDED.body, deleted = EXCLUDED.deleted WHERE search_documents.version < EXCLUDED.version", p)
+
+async def search_docs(pool, query, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT doc_id FROM search_documents, websearch_to_tsquery('english', %s) q "
+            "WHERE NOT deleted AND (setweight(to_tsvector('english', title), 'A') || "
+            "setweight(to_tsvector('english', body), 'B')) @@ q "
+            "ORDER BY ts_rank(setweight(to_tsvector('english', title), 'A') || "
+            "setweight(to_tsvector('english', body), 'B'), q) DESC, doc_id LIMIT %s", (query, limit))
+        return [r[0] for r in await cur.fetchall()]
+"""
+
+SIMPLE_CONFIG = ROW_LOCK_THEN_COMPARE.replace("'english'", "'simple'")
+
+UNWEIGHTED = ROW_LOCK_THEN_COMPARE.replace(TSV, "to_tsvector('english', %(body)s || ' ' || %(title)s)").replace(
+    "ORDER BY ts_rank(tsv, q) DESC, doc_id", "ORDER BY doc_id"
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (LAST_WRITE_WINS, "the last write won"),
+        (DELETE_THE_ROW, "tombstone"),
+        (READ_THEN_WRITE, "overwrote v3"),
+        (TSV_AT_QUERY_TIME, "GIN index"),
+        (SIMPLE_CONFIG, "'english' configuration"),
+        (UNWEIGHTED, "title weighted A"),
+    ],
+    ids=["last-write-wins", "delete-the-row", "read-then-write", "tsv-at-query-time", "simple-config", "unweighted"],
+)
+def test_07_search_indexer_wrong_answers_are_rejected(source, mentions):
+    assert_rejected("search_indexer", source, mentions=mentions)

@@ -1,0 +1,128 @@
+"""Chapter 07's patterns and rig: the event store, projections, the search indexer, the gate and crashes."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from course import eventstore as es
+from course import projections, search
+from course.chapters.ch07 import indexing, rig, streams
+
+
+@pytest.fixture
+async def pool(ans):
+    p = await ans.pool(max_size=12)
+    await rig.install(p)
+    return p
+
+
+async def test_07_append_returns_the_new_version_and_refuses_a_stale_one(pool):
+    assert await es.append(pool, "s", 0, [("AccountOpened", {"owner": "a"}), ("Deposited", {"amount_cents": 5})]) == 2
+    with pytest.raises(es.ConcurrencyConflict) as err:
+        await es.append(pool, "s", 1, [("Deposited", {"amount_cents": 1})])
+    assert err.value.actual == 2
+    assert [e.version for e in await es.read_stream(pool, "s")] == [1, 2]
+
+
+async def test_07_concurrent_appends_through_the_gate_let_exactly_one_through(pool, ans):
+    await es.append(pool, "race", 0, [("AccountOpened", {"owner": "a"})])
+    calls = [lambda: es.append(pool, "race", 1, [("Deposited", {"amount_cents": 1})]) for _ in range(5)]
+    results, log = await rig.race(ans.database_url, ["es_events"], calls)
+    assert log.held == 5 and not log.stalled
+    assert sorted(type(r).__name__ for r in results) == ["ConcurrencyConflict"] * 4 + ["int"]
+
+
+async def test_07_execute_reloads_after_a_conflict_and_the_rule_refuses_the_overdraft(pool, ans):
+    out = await streams.overdraft_race(pool, ans.database_url, "acc", n=4, checked=True)
+    assert out["balance_cents"] == 0 and len(out["conflicts"]) == 3
+    assert sum(isinstance(r, es.Refused) for r in out["results"]) == 3
+
+
+async def test_07_appending_without_an_expected_version_overdraws(pool, ans):
+    out = await streams.overdraft_race(pool, ans.database_url, "acc", n=3, checked=False)
+    assert out["balance_cents"] == -20_000
+
+
+async def test_07_a_snapshot_gives_the_same_state_as_the_full_fold(pool):
+    await streams.fill_stream(pool, "long", 250)
+    full, version = await es.load(pool, "long", es.account_evolve, snapshots=False)
+    state = es.fold((await es.read_stream(pool, "long"))[:200], es.account_evolve)
+    assert await es.save_snapshot(pool, "long", 200, state)
+    assert not await es.save_snapshot(pool, "long", 100, state)  # an older snapshot never replaces a newer one
+    assert await es.load(pool, "long", es.account_evolve) == (full, version) == (full, 250)
+
+
+async def test_07_old_deposits_are_upcast_on_read(pool):
+    await es.append(pool, "old", 0, [("AccountOpened", {"owner": "o"}), ("Deposited", {"amount": 12.5})])
+    state, _ = await es.load(pool, "old", es.account_evolve)
+    assert state["balance_cents"] == 1250
+
+
+async def test_07_a_crash_at_the_checkpoint_rolls_the_rows_back_and_fires_once(pool):
+    out = await streams.crash_and_redeliver(pool, projections.apply_events, "acc-x")
+    assert out["balance_cents"] == out["truth_cents"] == 3000 and out["log"][0].startswith("RaiseException")
+    naive = await streams.crash_and_redeliver(pool, streams.apply_then_checkpoint, "acc-y")
+    assert naive["balance_cents"] == 2 * naive["truth_cents"]
+
+
+async def test_07_rebuild_gives_the_incremental_rows(pool):
+    for i in range(3):
+        await es.execute(pool, f"a{i}", es.open_account(f"o{i}"), es.account_evolve)
+        await es.execute(pool, f"a{i}", es.deposit(100 * (i + 1)), es.account_evolve)
+    await projections.balances.catch_up(pool)
+    before = await projections.read_balances(pool)
+    assert await projections.rebuild_balances(pool) == 6
+    assert await projections.read_balances(pool) == before
+    assert await projections.balances.lag(pool) == 0
+
+
+async def test_07_wait_for_returns_the_row_once_it_reflects_the_version(pool):
+    version = await es.execute(pool, "w", es.open_account("w"), es.account_evolve)
+    assert await projections.wait_for(pool, "w", version, timeout=0) is None  # not projected yet
+    await projections.balances.catch_up(pool)
+    assert await projections.wait_for(pool, "w", version, timeout=0) == ("w", 0, 1)
+
+
+async def test_07_a_tailing_reader_skips_a_late_commit_unless_appends_take_the_lock(pool, ans):
+    assert (await streams.late_commit(ans.database_url, pool, locked=False))["skipped"]
+    assert not (await streams.late_commit(ans.database_url, pool, locked=True))["skipped"]
+
+
+async def test_07_the_indexer_ignores_older_versions_and_keeps_tombstones(pool):
+    doc = indexing.payload
+    assert await search.index_event(pool, doc("d", 2, "upsert", "Outbox relay", "publishes rows"))
+    assert not await search.index_event(pool, doc("d", 1, "upsert", "Old draft", "stale"))
+    assert await search.search(pool, "relay") == ["d"] and await search.search(pool, "draft") == []
+    assert await search.index_event(pool, doc("d", 3, "delete"))
+    assert not await search.index_event(pool, doc("d", 2, "upsert", "Outbox relay", "publishes rows"))
+    assert await search.search(pool, "relay") == []
+
+
+async def test_07_the_outbox_keeps_the_index_in_sync_despite_failing_deliveries(pool):
+    out = await indexing.outbox_run(pool, docs=10, waves=2, crash_rate=0.2, run=3)
+    assert out["stale"] == out["missing"] == 0 and out["failed_deliveries"] > 0
+    assert await search.unpublished(pool) == 0
+
+
+async def test_07_the_keyed_gate_lets_the_newer_version_land_first(pool, ans):
+    await search.index_event(pool, indexing.payload("r", 1, "upsert", "one", "one"))
+    landed = []
+
+    async def write(version):
+        async with pool.connection() as conn:
+            await conn.execute("UPDATE search_documents SET version = %s WHERE doc_id = 'r'", (version,))
+        landed.append(version)
+
+    _, log = await rig.race(
+        ans.database_url, ["search_documents"], [lambda: write(3), lambda: write(2)], order=[3, 2], stagger=True
+    )
+    assert landed == [3, 2] and not log.stalled
+
+
+async def test_07_an_armed_crash_fires_exactly_once(pool):
+    await rig.arm_crash(pool, "es_events", 1)
+    with pytest.raises(psycopg.errors.RaiseException):
+        await es.append(pool, "c", 0, [("AccountOpened", {"owner": "c"})])
+    assert await es.append(pool, "c", 0, [("AccountOpened", {"owner": "c"})]) == 1
+    assert await rig.disarm(pool, "es_events")

@@ -1,0 +1,479 @@
+"""Chapter 08 grading: the wrong limiters learners write are rejected, for the reason the
+chapter teaches; different correct designs (Lua or WATCH/MULTI, sliding log or sliding
+counter) pass. Races are forced by the check's gate and the processes are real, so every
+verdict here is the same on every run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import assert_accepted, assert_rejected
+
+# ============================================================================= token_bucket: correct designs
+
+TB_REFERENCE = "from course.ratelimit import token_bucket\n"
+
+TB_LUA_MS = '''
+BUCKET = """
+local capacity, rate, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+if now == nil then
+  local t = redis.call('TIME')
+  now = t[1] + t[2] / 1e6
+end
+local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens')) or capacity
+local last = tonumber(redis.call('HGET', KEYS[1], 'last')) or now
+tokens = math.min(capacity, tokens + math.max(0, now - last) * rate)
+local wait_ms = 0
+local ok = 0
+if tokens >= cost then tokens = tokens - cost; ok = 1 else wait_ms = math.ceil((cost - tokens) / rate * 1000) end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'last', now)
+redis.call('EXPIRE', KEYS[1], math.ceil(capacity / rate))
+return {ok, wait_ms}
+"""
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    script = redis.register_script(BUCKET)
+    ok, wait_ms = await script(keys=[key], args=[capacity, rate, cost, "" if now is None else now])
+    return ok == 1, wait_ms / 1000
+'''
+
+TB_WATCH_MULTI = """
+from redis.exceptions import WatchError
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    while True:
+        async with redis.pipeline() as pipe:
+            try:
+                await pipe.watch(key)
+                if now is None:
+                    sec, usec = await pipe.time()
+                    t = sec + usec / 1e6
+                else:
+                    t = now
+                tokens, last = await pipe.hmget(key, "tokens", "ts")
+                tokens = capacity if tokens is None else float(tokens)
+                last = t if last is None else float(last)
+                tokens = min(capacity, tokens + max(0.0, t - last) * rate)
+                ok = tokens >= cost
+                if ok:
+                    tokens -= cost
+                pipe.multi()
+                pipe.hset(key, mapping={"tokens": repr(tokens), "ts": repr(t)})
+                pipe.pexpire(key, max(1, int((capacity - tokens) / rate * 1000) + 1))
+                await pipe.execute()
+                return ok, 0.0 if ok else (cost - tokens) / rate
+            except WatchError:
+                continue
+"""
+
+TB_LUA_STRING = '''
+import json
+
+SCRIPT = """
+local now = tonumber(ARGV[4])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+local cap, rate, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local raw = redis.call('GET', KEYS[1])
+local tokens, ts = cap, now
+if raw then local s = cjson.decode(raw); tokens, ts = s[1], s[2] end
+tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
+local wait = 0
+if tokens >= cost then tokens = tokens - cost else wait = (cost - tokens) / rate end
+redis.call('SET', KEYS[1], cjson.encode({tokens, now}), 'PX', math.ceil((cap - tokens) / rate * 1000) + 500)
+return {wait == 0 and 1 or 0, tostring(wait)}
+"""
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    ok, wait = await redis.eval(SCRIPT, 1, key, capacity, rate, cost, "" if now is None else repr(now))
+    return bool(ok), float(wait)
+'''
+
+
+@pytest.mark.parametrize(
+    "source",
+    [TB_REFERENCE, TB_LUA_MS, TB_WATCH_MULTI, TB_LUA_STRING],
+    ids=["reference", "lua-hash-ms", "watch-multi-server-time", "lua-json-string"],
+)
+def test_08_token_bucket_correct_designs_pass(source):
+    assert_accepted("token_bucket", source)
+
+
+# ============================================================================= token_bucket: wrong answers
+
+TB_GET_THEN_SET = """
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    if now is None:
+        sec, usec = await redis.time()
+        now = sec + usec / 1e6
+    state = await redis.hgetall(key)
+    tokens = float(state.get("tokens", capacity))
+    last = float(state.get("ts", now))
+    tokens = min(capacity, tokens + max(0.0, now - last) * rate)
+    ok = tokens >= cost
+    if ok:
+        tokens -= cost
+    await redis.hset(key, mapping={"tokens": tokens, "ts": now})
+    await redis.pexpire(key, int((capacity - tokens) / rate * 1000) + 1)
+    return ok, 0.0 if ok else (cost - tokens) / rate
+"""
+
+TB_CLIENT_TIME = """
+import time
+from course.ratelimit import TOKEN_BUCKET_LUA
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    now = time.time() if now is None else now  # the client's clock
+    ok, wait_ms, _, _ = await redis.eval(TOKEN_BUCKET_LUA, 1, key, repr(now), capacity, rate, cost)
+    return bool(ok), wait_ms / 1000
+"""
+
+TB_IGNORES_NOW = """
+from course.ratelimit import TOKEN_BUCKET_LUA
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    ok, wait_ms, _, _ = await redis.eval(TOKEN_BUCKET_LUA, 1, key, "", capacity, rate, cost)  # always TIME
+    return bool(ok), wait_ms / 1000
+"""
+
+
+def _lua_variant(replace: str, by: str, ret: str = "return bool(ok), wait_ms / 1000") -> str:
+    """The reference script with one line changed: a learner's near miss."""
+    from course.ratelimit import TOKEN_BUCKET_LUA
+
+    assert replace in TOKEN_BUCKET_LUA
+    script = TOKEN_BUCKET_LUA.replace(replace, by)
+    return f'''
+SCRIPT = """{script}"""
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    ok, wait_ms, _, _ = await redis.eval(SCRIPT, 1, key, "" if now is None else repr(now), capacity, rate, cost)
+    {ret}
+'''
+
+
+TB_NO_EXPIRY = _lua_variant("redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil(full_in * 1000)))", "")
+TB_EXPIRE_ON_CREATE = _lua_variant(
+    "redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil(full_in * 1000)))",
+    "if not state[2] then redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000)) end",
+)
+TB_WAIT_ONE_TOKEN = _lua_variant("wait = (cost - tokens) / rate", "wait = 1 / rate")
+TB_WAIT_MS = _lua_variant("", "", ret="return bool(ok), wait_ms")
+TB_DENIED_TAKES_TOKENS = _lua_variant(
+    "  wait = (cost - tokens) / rate", "  wait = (cost - tokens) / rate\n  tokens = tokens - cost"
+)
+
+TB_LUA_FLOAT_TRUNCATED = """
+from course.ratelimit import TOKEN_BUCKET_LUA
+
+SCRIPT = TOKEN_BUCKET_LUA.replace("math.ceil(wait * 1000)", "wait")  # seconds, as a Lua number
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    ok, wait, _, _ = await redis.eval(SCRIPT, 1, key, "" if now is None else repr(now), capacity, rate, cost)
+    return bool(ok), float(wait)
+"""
+
+TB_IN_PROCESS = """
+import time
+
+_buckets = {}
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    now = time.time() if now is None else now
+    tokens, last = _buckets.get(key, (capacity, now))
+    tokens = min(capacity, tokens + max(0.0, now - last) * rate)
+    ok = tokens >= cost
+    if ok:
+        tokens -= cost
+    _buckets[key] = (tokens, now)
+    return ok, 0.0 if ok else (cost - tokens) / rate
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (TB_GET_THEN_SET, "read the bucket before any of them wrote it back"),
+        (TB_CLIENT_TIME, "redis.call('TIME')"),
+        (TB_IGNORES_NOW, "injected now"),
+        (TB_NO_EXPIRY, "without an expiry"),
+        (TB_EXPIRE_ON_CREATE, "on every write"),
+        (TB_WAIT_ONE_TOKEN, "1 / rate"),
+        (TB_WAIT_MS, "milliseconds"),
+        (TB_DENIED_TAKES_TOKENS, "takes no tokens"),
+        (TB_LUA_FLOAT_TRUNCATED, "into an integer"),
+        (TB_IN_PROCESS, "not shared"),
+    ],
+    ids=[
+        "get-then-set",
+        "client-clock",
+        "ignores-injected-now",
+        "no-expiry",
+        "expire-only-on-create",
+        "wait-one-token",
+        "wait-in-milliseconds",
+        "refused-takes-tokens",
+        "lua-float-truncated",
+        "dict-in-one-process",
+    ],
+)
+def test_08_token_bucket_wrong_answers_are_rejected(source, mentions):
+    assert_rejected("token_bucket", source, mentions=mentions)
+
+
+# ============================================================================= sliding_window: correct designs
+
+SW_REFERENCE = "from course.ratelimit import sliding_window\n"
+
+SW_LOG_WATCH_MULTI = """
+import uuid
+from redis.exceptions import WatchError
+
+async def sliding_window(redis, key, limit, window, now=None):
+    while True:
+        async with redis.pipeline() as pipe:
+            try:
+                await pipe.watch(key)
+                if now is None:
+                    sec, usec = await pipe.time()
+                    t = sec + usec / 1e6
+                else:
+                    t = now
+                entries = await pipe.zrangebyscore(key, f"({t - window}", "+inf", withscores=True)
+                pipe.multi()
+                pipe.zremrangebyscore(key, "-inf", t - window)
+                ok = len(entries) < limit
+                if ok:
+                    pipe.zadd(key, {f"{t}:{uuid.uuid4().hex}": t})
+                    pipe.pexpire(key, int(window * 1000))
+                await pipe.execute()
+                if ok:
+                    return True, 0.0
+                return False, entries[len(entries) - limit][1] + window - t
+            except WatchError:
+                continue
+"""
+
+SW_COUNTER_LUA = """
+from course.ratelimit import SLIDING_COUNTER_LUA
+
+async def sliding_window(redis, key, limit, window, now=None):
+    script = redis.register_script(SLIDING_COUNTER_LUA)
+    ok, wait_ms, _, _ = await script(keys=[key], args=["" if now is None else repr(now), limit, window, 1])
+    return bool(ok), wait_ms / 1000
+"""
+
+SW_COUNTER_TWO_KEYS_FLOOR = '''
+SCRIPT = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end
+local w = math.floor(now / window)
+local e = now - w * window
+local curr_key, prev_key = KEYS[1] .. ':' .. w, KEYS[1] .. ':' .. (w - 1)
+local curr = tonumber(redis.call('GET', curr_key)) or 0
+local prev = tonumber(redis.call('GET', prev_key)) or 0
+local weighted = math.floor(prev * (window - e) / window)
+if weighted + curr + 1 <= limit then
+  redis.call('INCR', curr_key)
+  redis.call('PEXPIRE', curr_key, math.ceil(2 * window * 1000))
+  return {1, 0}
+end
+-- floor(prev * (window - e') / window) <= limit - curr - 1  <=>  prev * (window - e') / window < limit - curr
+local wait
+if curr + 1 <= limit and prev > 0 then
+  wait = window * (1 - (limit - curr) / prev) - e
+else
+  local later = 0
+  if curr > 0 then later = math.max(0, window * (1 - limit / curr)) end
+  wait = window - e + later
+end
+return {0, math.ceil(wait * 1000) + 1}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait_ms = await redis.eval(SCRIPT, 1, key, limit, window, "" if now is None else repr(now))
+    return bool(ok), wait_ms / 1000
+'''
+
+
+@pytest.mark.parametrize(
+    "source",
+    [SW_REFERENCE, SW_LOG_WATCH_MULTI, SW_COUNTER_LUA, SW_COUNTER_TWO_KEYS_FLOOR],
+    ids=["reference-log", "log-watch-multi", "counter-hash", "counter-two-keys-floor"],
+)
+def test_08_sliding_window_correct_designs_pass(source):
+    assert_accepted("sliding_window", source)
+
+
+# ============================================================================= sliding_window: wrong answers
+
+SW_FIXED_WINDOW = '''
+SCRIPT = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end
+local k = KEYS[1] .. ':' .. math.floor(now / window)
+local n = tonumber(redis.call('GET', k)) or 0
+if n < limit then
+  redis.call('INCR', k)
+  redis.call('PEXPIRE', k, math.ceil(window * 1000))
+  return {1, 0}
+end
+return {0, math.ceil(((math.floor(now / window) + 1) * window - now) * 1000)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait_ms = await redis.eval(SCRIPT, 1, key, limit, window, "" if now is None else repr(now))
+    return bool(ok), wait_ms / 1000
+'''
+
+SW_FIXED_FROM_FIRST = '''
+SCRIPT = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end
+local start = tonumber(redis.call('HGET', KEYS[1], 'start'))
+local n = tonumber(redis.call('HGET', KEYS[1], 'n')) or 0
+if not start or now >= start + window then start = now; n = 0 end
+if n < limit then
+  redis.call('HSET', KEYS[1], 'start', start, 'n', n + 1)
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+  return {1, 0}
+end
+return {0, math.ceil((start + window - now) * 1000)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait_ms = await redis.eval(SCRIPT, 1, key, limit, window, "" if now is None else repr(now))
+    return bool(ok), wait_ms / 1000
+'''
+
+SW_COUNT_THEN_ADD = """
+import uuid
+
+async def sliding_window(redis, key, limit, window, now=None):
+    if now is None:
+        sec, usec = await redis.time()
+        now = sec + usec / 1e6
+    await redis.zremrangebyscore(key, "-inf", now - window)
+    entries = await redis.zrange(key, 0, -1, withscores=True)
+    if len(entries) < limit:
+        await redis.zadd(key, {uuid.uuid4().hex: now})
+        await redis.pexpire(key, int(window * 1000))
+        return True, 0.0
+    return False, entries[len(entries) - limit][1] + window - now
+"""
+
+
+def _log_variant(replace: str, by: str, ret: str = "return bool(ok), wait_ms / 1000") -> str:
+    from course.ratelimit import SLIDING_LOG_LUA
+
+    assert replace in SLIDING_LOG_LUA
+    script = SLIDING_LOG_LUA.replace(replace, by)
+    return f'''
+import uuid
+
+SCRIPT = """{script}"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    args = ["" if now is None else repr(now), limit, window, 1, uuid.uuid4().hex]
+    ok, wait_ms, _, _ = await redis.eval(SCRIPT, 1, key, *args)
+    {ret}
+'''
+
+
+SW_MEMBER_IS_TIME = _log_variant("ARGV[5] .. ':' .. i", "tostring(now)")
+SW_NO_EXPIRY = _log_variant("redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))", "")
+SW_COUNTS_REFUSED = '''
+import uuid
+
+SCRIPT = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+redis.call('ZADD', KEYS[1], now, ARGV[4])  -- every request goes in the log, refused or not
+redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+local n = redis.call('ZCARD', KEYS[1])
+if n <= limit then return {1, 0} end
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {0, math.ceil((tonumber(oldest[2]) + window - now) * 1000)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    args = [limit, window, "" if now is None else repr(now), uuid.uuid4().hex]
+    ok, wait_ms = await redis.eval(SCRIPT, 1, key, *args)
+    return bool(ok), wait_ms / 1000
+'''
+SW_WAIT_WINDOW = _log_variant("", "", ret="return bool(ok), 0.0 if ok else float(window)")
+SW_COUNTER_WAITS_FOR_NEXT_WINDOW = """
+from course.ratelimit import SLIDING_COUNTER_LUA
+
+async def sliding_window(redis, key, limit, window, now=None):
+    if now is None:
+        sec, usec = await redis.time()
+        now = sec + usec / 1e6
+    ok, _, _, _ = await redis.eval(SLIDING_COUNTER_LUA, 1, key, repr(now), limit, window, 1)
+    return bool(ok), 0.0 if ok else (now // window + 1) * window - now  # "until the next window"
+"""
+
+SW_IN_PROCESS = """
+import time
+from collections import deque
+
+_logs = {}
+
+async def sliding_window(redis, key, limit, window, now=None):
+    now = time.time() if now is None else now
+    log = _logs.setdefault(key, deque())
+    while log and log[0] <= now - window:
+        log.popleft()
+    if len(log) < limit:
+        log.append(now)
+        await redis.set(key, len(log), px=int(window * 1000))
+        return True, 0.0
+    return False, log[len(log) - limit] + window - now
+"""
+
+SW_CLIENT_TIME = """
+import time, uuid
+from course.ratelimit import SLIDING_LOG_LUA
+
+async def sliding_window(redis, key, limit, window, now=None):
+    now = time.time() if now is None else now
+    ok, wait_ms, _, _ = await redis.eval(SLIDING_LOG_LUA, 1, key, repr(now), limit, window, 1, uuid.uuid4().hex)
+    return bool(ok), wait_ms / 1000
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (SW_FIXED_WINDOW, "double burst at the boundary"),
+        (SW_FIXED_FROM_FIRST, "resets all at once"),
+        (SW_COUNT_THEN_ADD, "count, then add"),
+        (SW_MEMBER_IS_TIME, "make members unique"),
+        (SW_NO_EXPIRY, "without an expiry"),
+        (SW_COUNTS_REFUSED, "refused again"),
+        (SW_WAIT_WINDOW, "longer than it must be"),
+        (SW_COUNTER_WAITS_FOR_NEXT_WINDOW, "refused again"),
+        (SW_IN_PROCESS, "not shared"),
+        (SW_CLIENT_TIME, "redis.call('TIME')"),
+    ],
+    ids=[
+        "fixed-window",
+        "fixed-window-from-first-request",
+        "count-then-add",
+        "member-is-the-timestamp",
+        "no-expiry",
+        "refused-requests-count",
+        "wait-always-window",
+        "counter-waits-for-next-window",
+        "deque-in-one-process",
+        "client-clock",
+    ],
+)
+def test_08_sliding_window_wrong_answers_are_rejected(source, mentions):
+    assert_rejected("sliding_window", source, mentions=mentions)

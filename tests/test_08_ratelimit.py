@@ -1,0 +1,124 @@
+"""Chapter 08's limiters (course.ratelimit) on the live Redis, on injected time."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from course import ratelimit as rl
+from course.chapters import ch08
+
+T = 1_800_000_000.0  # a whole minute
+
+
+async def _hits(limiter, times, client="c"):
+    return [await limiter.hit(client, now=t) for t in times]
+
+
+async def test_08_fixed_window_lets_twice_its_limit_through_at_the_boundary(ans):
+    limiter = rl.FixedWindow(ans.redis(), 10, 60)
+    got = await _hits(limiter, [T + 59.5] * 11 + [T + 60.5] * 11)
+    assert [d.allowed for d in got] == [True] * 10 + [False] + [True] * 10 + [False]
+    assert got[10].retry_after == pytest.approx(0.5)
+
+
+async def test_08_sliding_log_is_exact_and_says_when_the_oldest_entry_leaves(ans):
+    limiter = rl.SlidingLog(ans.redis(), 3, 10)
+    got = await _hits(limiter, [T + 1, T + 2, T + 3, T + 4, T + 10.5, T + 11])
+    assert [d.allowed for d in got] == [True, True, True, False, False, True]
+    assert got[3].retry_after == pytest.approx(7.0)  # T+1 leaves at T+11
+    assert got[4].retry_after == pytest.approx(0.5)
+
+
+async def test_08_sliding_counter_weights_the_previous_window(ans):
+    limiter = rl.SlidingCounter(ans.redis(), 10, 60)
+    await _hits(limiter, [T + 59] * 10)
+    at_half = await _hits(limiter, [T + 90] * 6)  # estimate 10 x 0.5 = 5: five more fit
+    assert [d.allowed for d in at_half] == [True] * 5 + [False]
+    assert at_half[-1].retry_after == pytest.approx(6.0)  # 10 x (1 - e/60) + 5 <= 9 at e = 36
+
+
+async def test_08_token_bucket_bursts_then_refills_at_its_rate(ans):
+    bucket = rl.TokenBucket(ans.redis(), 4, 2.0)
+    got = await _hits(bucket, [T] * 5 + [T + 0.25, T + 0.5])
+    assert [d.allowed for d in got] == [True] * 4 + [False, False, True]
+    assert [got[4].retry_after, got[5].retry_after] == [pytest.approx(0.5), pytest.approx(0.25)]
+
+
+async def test_08_token_bucket_key_expires_when_the_bucket_would_be_full(ans):
+    redis = ans.redis()
+    bucket = rl.TokenBucket(redis, 10, 2.0)
+    await _hits(bucket, [T] * 10)
+    assert 4_900 <= await redis.pttl(bucket.key("c")) <= 5_000
+
+
+async def test_08_token_bucket_uses_the_server_clock_without_now(ans):
+    bucket = rl.TokenBucket(ans.redis(), 2, 0.01)
+    got = [await bucket.hit("live") for _ in range(3)]
+    assert [d.allowed for d in got] == [True, True, False]
+    assert 99 < got[2].retry_after <= 100.001
+
+
+async def test_08_leaky_meter_decides_like_the_token_bucket(ans):
+    redis = ans.redis()
+    times = [T] * 6 + [T + 0.2, T + 0.5, T + 0.5, T + 3]
+    a = await _hits(rl.TokenBucket(redis, 5, 2.0), times)
+    b = await _hits(rl.LeakyMeter(redis, 5, 2.0), times)
+    assert [(d.allowed, d.retry_after) for d in a] == [(d.allowed, d.retry_after) for d in b]
+
+
+async def test_08_leaky_queue_spaces_slots_and_refuses_when_full(ans):
+    queue = rl.LeakyQueue(ans.redis(), 10.0, 3)
+    got = await _hits(queue, [T] * 4)
+    assert [d.allowed for d in got] == [True, True, True, False]
+    assert [d.delay for d in got[:3]] == [0.0, pytest.approx(0.1), pytest.approx(0.2)]
+
+
+class _Down:
+    limit, policy = 10, (10, 1.0)
+
+    async def hit(self, client, cost=1, now=None):
+        raise ConnectionError("redis is down")
+
+
+@pytest.mark.parametrize(("mode", "admitted"), [("bounded", 2), ("open", 5), ("closed", 0)])
+async def test_08_fallback_decides_by_mode_when_redis_fails(mode, admitted):
+    clock = lambda: 0.0  # noqa: E731 - a frozen clock: no refill
+    limiter = rl.FallbackLimiter(_Down(), rl.LocalTokenBucket(2, 1.0, clock=clock), mode=mode)
+    got = [await limiter.hit("c") for _ in range(5)]
+    assert sum(d.allowed for d in got) == admitted
+    assert limiter.breaker.state == "open"  # after a few failures Redis is not even tried
+
+
+def test_08_parse_retry_after_reads_seconds_and_dates():
+    assert rl.parse_retry_after("3") == 3.0
+    assert rl.parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470) == 10.0
+    assert rl.parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490) == 0.0
+    assert rl.parse_retry_after("soon") is None and rl.parse_retry_after(None) is None
+
+
+async def test_08_middleware_answers_429_with_retry_after_and_ratelimit_fields(ans):
+    app = ch08.make_app(ans.redis_url, capacity=2, rate=0.5)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        codes = [(await http.get("/hello")) for _ in range(3)]
+        sleeps: list[float] = []
+
+        async def sleep(seconds):
+            sleeps.append(seconds)
+
+        last = await rl.get_honouring_retry_after(http, "/hello", attempts=2, sleep=sleep)
+    assert [r.status_code for r in codes] == [200, 200, 429]
+    assert codes[2].headers["retry-after"] == "2"
+    assert codes[0].headers["ratelimit-policy"] == '"default";q=2;w=4'
+    assert codes[0].headers["ratelimit"].startswith('"default";r=1;t=')
+    assert sleeps == [2.0] and last.status_code == 429  # waited what it was told (virtually), still refused
+
+
+def test_08_limits_uri_speaks_unix_sockets():
+    assert ch08.limits_uri("unix:///tmp/r.sock?db=3") == "redis+unix:///tmp/r.sock?db=3"
+    assert ch08.limits_uri("redis://h:6379/2") == "redis://h:6379/2"
+
+
+def test_08_most_in_counts_the_densest_span():
+    v = ch08.Verdicts("x", [0.0, 0.5, 1.0, 1.9, 5.0], [True, True, False, True, True])
+    assert v.most_in(2.0) == 3 and v.most_in(0.6) == 2
