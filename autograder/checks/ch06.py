@@ -126,7 +126,7 @@ async def _run_dead(fn, *args, **kwargs) -> str:
         result = await asyncio.wait_for(fn(*args, **kwargs), CALL_LIMIT)
     except SimulatedCrash:
         return "died"
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         return "hung"
     except Exception as err:  # noqa: BLE001 - a dying process raises anything
         return error_line(err, 80)
@@ -293,7 +293,7 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
         await plan.disarm()
         try:
             await asyncio.wait_for(recoverers[0](pool, sleep=clock.sleep), CALL_LIMIT * 3)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             r.fail("recover_sagas did not return: does it retry without awaiting sleep, or wait for something?")
         counts: dict[str, int] = {}
         after = await shop.effects_of(pool, batch)
