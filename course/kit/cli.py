@@ -49,6 +49,7 @@ REQUIREMENTS = [
     ("tantivy", "tantivy"),
     ("limits", "limits"),
     ("sqids", "sqids"),
+    ("temporalio", "temporalio"),
 ]
 
 

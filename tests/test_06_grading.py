@@ -1,0 +1,653 @@
+"""Chapter 06 grading: the wrong sagas and relays learners write are rejected, correct designs pass.
+
+Each answer is kept as the source a learner would type into the answer cell. The crashes
+(before every write), the transient failures and the races (two recoverers, two relays)
+are made by the checks (autograder/checks/ch06.py), so every verdict is the same on every run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import assert_accepted, assert_rejected
+
+# ----------------------------------------------------------------------------- order_saga: pieces
+
+HEADER = """
+import asyncio
+from psycopg.types.json import Jsonb
+from course.chapters.ch06.shop import StepFailed, reserve_stock, charge_payment, schedule_shipment
+"""
+
+RELEASE = """
+async def release_stock(pool, order):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s AND status = 'reserved' "
+            "RETURNING sku, qty", (order["order_id"],))
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s", (row[1], row[0]))
+"""
+
+REFUND = """
+async def refund_payment(pool, order):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+            "RETURNING customer, amount_cents", (order["order_id"],))
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute("UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s",
+                               (row[1], row[0]))
+"""
+
+CANCEL = """
+async def cancel_shipment(pool, order):
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE ch06_shipments SET status = 'cancelled' WHERE order_id = %s AND status = 'scheduled'",
+            (order["order_id"],))
+"""
+
+COMPENSATIONS = RELEASE + REFUND + CANCEL
+
+STEPS = """
+STEPS = [
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+async def log(pool, saga_id, step, event, data=None):
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                           (saga_id, step, event, Jsonb(data) if data is not None else None))
+
+
+async def until_done(undo, pool, order, sleep):
+    delay = 0.05
+    while True:
+        try:
+            return await undo(pool, order)
+        except Exception:
+            await sleep(delay)
+            delay = min(2 * delay, 2.0)
+"""
+
+# forward recovery: the task's own definition
+COMPENSATE = """
+async def compensate(pool, order, started, compensated, sleep):
+    for name, _, undo in reversed(STEPS):
+        if name in started and name not in compensated:
+            await until_done(undo, pool, order, sleep)
+            await log(pool, order["order_id"], name, "compensated")
+    await log(pool, order["order_id"], "saga", "compensated")
+    return "compensated"
+"""
+
+FORWARD = """
+async def forward(pool, order, done, sleep):
+    started = set(done)
+    for name, action, _ in STEPS:
+        if name in done:
+            continue
+        await log(pool, order["order_id"], name, "started")
+        started.add(name)
+        try:
+            await action(pool, order)
+        except StepFailed as err:
+            await log(pool, order["order_id"], name, "failed", {"error": str(err)})
+            return await compensate(pool, order, started, set(), sleep)
+        await log(pool, order["order_id"], name, "done")
+    await log(pool, order["order_id"], "saga", "completed")
+    return "completed"
+
+
+async def run_order_saga(pool, order, *, sleep=asyncio.sleep):
+    await log(pool, order["order_id"], "saga", "begin", order)
+    return await forward(pool, order, set(), sleep)
+"""
+
+RECOVER = """
+async def recover_sagas(pool, *, sleep=asyncio.sleep):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id HAVING bool_or(step = 'saga' AND event = 'begin') "
+            "AND NOT bool_or(step = 'saga' AND event IN ('completed', 'compensated')) ORDER BY min(id)")
+        ids = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in ids:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id",
+                                     (saga_id,))
+            rows = await cur.fetchall()
+        order = next(data for step, event, data in rows if step == "saga" and event == "begin")
+        started = {step for step, event, _ in rows if event == "started"}
+        done = {step for step, event, _ in rows if event == "done"}
+        compensated = {step for step, event, _ in rows if event == "compensated" and step != "saga"}
+        if compensated or any(event == "failed" for _, event, _ in rows):
+            await compensate(pool, order, started, compensated, sleep)
+        else:
+            await forward(pool, order, done, sleep)
+        finished.append(saga_id)
+    return finished
+"""
+
+SAGA = HEADER + COMPENSATIONS + STEPS + COMPENSATE + FORWARD + RECOVER
+
+# ----------------------------------------------------------------------------- order_saga: correct designs
+
+# Backward recovery: a restarted orchestrator aborts whatever was in flight, compensating every
+# started step (the in-flight one included), each saga claimed with an advisory lock.
+BACKWARD = (
+    HEADER
+    + COMPENSATIONS
+    + STEPS
+    + COMPENSATE
+    + FORWARD
+    + """
+async def recover_sagas(pool, *, sleep=asyncio.sleep):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id HAVING NOT bool_or(step = 'saga' "
+            "AND event IN ('completed', 'compensated'))")
+        ids = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in ids:
+        async with pool.connection() as claim:
+            got = await (await claim.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (saga_id,))).fetchone()
+            if not got[0]:
+                continue
+            try:
+                cur = await claim.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id",
+                                          (saga_id,))
+                rows = await cur.fetchall()
+                if any(s == "saga" and e in ("completed", "compensated") for s, e, _ in rows):
+                    continue
+                order = next(d for s, e, d in rows if s == "saga" and e == "begin")
+                started = {s for s, e, _ in rows if e == "started"}
+                compensated = {s for s, e, _ in rows if e == "compensated"}
+                await compensate(pool, order, started, compensated, sleep)
+                finished.append(saga_id)
+            finally:
+                await claim.execute("SELECT pg_advisory_unlock(hashtext(%s))", (saga_id,))
+    return finished
+"""
+)
+
+# Only "done" is logged: recovery re-runs the first step not done (steps are idempotent),
+# and compensates the done steps plus the one that failed.
+DONE_ONLY = (
+    HEADER
+    + COMPENSATIONS
+    + STEPS
+    + COMPENSATE
+    + """
+async def forward(pool, order, done, sleep):
+    for name, action, _ in STEPS:
+        if name in done:
+            continue
+        try:
+            await action(pool, order)
+        except StepFailed as err:
+            await log(pool, order["order_id"], name, "failed", {"error": str(err)})
+            return await compensate(pool, order, set(done) | {name}, set(), sleep)
+        await log(pool, order["order_id"], name, "done")
+        done = done | {name}
+    await log(pool, order["order_id"], "saga", "completed")
+    return "completed"
+
+
+async def run_order_saga(pool, order, *, sleep=asyncio.sleep):
+    await log(pool, order["order_id"], "saga", "begin", order)
+    return await forward(pool, order, set(), sleep)
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT saga_id, step, event, data FROM saga_log ORDER BY id")
+        rows = await cur.fetchall()
+    sagas = {}
+    for saga_id, step, event, data in rows:
+        sagas.setdefault(saga_id, []).append((step, event, data))
+    finished = []
+    for saga_id, log_rows in sagas.items():
+        if any(s == "saga" and e in ("completed", "compensated") for s, e, _ in log_rows):
+            continue
+        order = next(d for s, e, d in log_rows if s == "saga" and e == "begin")
+        done = {s for s, e, _ in log_rows if e == "done"}
+        failed = {s for s, e, _ in log_rows if e == "failed"}
+        compensated = {s for s, e, _ in log_rows if e == "compensated"}
+        if failed or compensated:
+            await compensate(pool, order, done | failed, compensated, sleep)
+        else:
+            await forward(pool, order, done, sleep)
+        finished.append(saga_id)
+    return finished
+"""
+)
+
+# ----------------------------------------------------------------------------- order_saga: wrong answers
+
+WRONG_ORDER = SAGA.replace("for name, _, undo in reversed(STEPS):", "for name, _, undo in STEPS:")
+
+NON_IDEMPOTENT_RELEASE = SAGA.replace(
+    RELEASE,
+    """
+async def release_stock(pool, order):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s",
+                           (order["qty"], order["sku"]))
+        await conn.execute("UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s",
+                           (order["order_id"],))
+""",
+)
+
+BLIND_REFUND = SAGA.replace(
+    REFUND,
+    """
+async def refund_payment(pool, order):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s", (order["order_id"],))
+        await conn.execute("UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s",
+                           (order["amount_cents"], order["customer"]))
+""",
+)
+
+# The refund's two writes in two transactions: a failure between them loses the money.
+SPLIT_REFUND = SAGA.replace(
+    REFUND,
+    """
+async def refund_payment(pool, order):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+            "RETURNING customer, amount_cents", (order["order_id"],))
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute("UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s",
+                               (row[1], row[0]))
+""",
+)
+
+# Check, then act: idempotent one call at a time, not when two recoverers run it at once.
+CHECK_THEN_RELEASE = SAGA.replace(
+    RELEASE,
+    """
+async def release_stock(pool, order):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT status, sku, qty FROM ch06_reservations WHERE order_id = %s",
+                                 (order["order_id"],))
+        row = await cur.fetchone()
+        if row is None or row[0] != "reserved":
+            return
+        async with conn.transaction():
+            await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s", (row[2], row[1]))
+            await conn.execute("UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s",
+                               (order["order_id"],))
+""",
+)
+
+SKIPS_FAILED_COMPENSATION = SAGA.replace(
+    """            await until_done(undo, pool, order, sleep)""",
+    """            try:
+                await undo(pool, order)
+            except Exception as err:
+                print("compensation failed, moving on:", err)""",
+)
+
+NO_RETRY = SAGA.replace(
+    """            await until_done(undo, pool, order, sleep)""", """            await undo(pool, order)"""
+)
+
+# No saga log: compensations in memory, nothing for a new process to recover from.
+NO_LOG = (
+    HEADER
+    + COMPENSATIONS
+    + """
+STEPS = [
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+async def run_order_saga(pool, order, *, sleep=asyncio.sleep):
+    done = []
+    for name, action, undo in STEPS:
+        try:
+            await action(pool, order)
+        except StepFailed:
+            for undo_done in reversed(done + [undo]):
+                while True:
+                    try:
+                        await undo_done(pool, order)
+                        break
+                    except Exception:
+                        await sleep(0.1)
+            return "compensated"
+        done.append(undo)
+    return "completed"
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep):
+    return []
+"""
+)
+
+# The log kept in the process: a new process starts with an empty dict.
+IN_MEMORY_LOG = SAGA.replace(
+    """async def log(pool, saga_id, step, event, data=None):
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                           (saga_id, step, event, Jsonb(data) if data is not None else None))
+""",
+    """SAGA_LOG = []
+
+
+async def log(pool, saga_id, step, event, data=None):
+    SAGA_LOG.append((saga_id, step, event, data))
+    if step == "saga" and event in ("completed", "compensated"):
+        async with pool.connection() as conn:  # only the outcome reaches the database
+            await conn.execute("INSERT INTO saga_log (saga_id, step, event) VALUES (%s, 'saga', 'begin'), "
+                               "(%s, %s, %s)", (saga_id, saga_id, step, event))
+""",
+).replace(
+    """    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id HAVING bool_or(step = 'saga' AND event = 'begin') "
+            "AND NOT bool_or(step = 'saga' AND event IN ('completed', 'compensated')) ORDER BY min(id)")
+        ids = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in ids:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id",
+                                     (saga_id,))
+            rows = await cur.fetchall()
+""",
+    """    ids = {s for s, *_ in SAGA_LOG} - {s for s, st, e, _ in SAGA_LOG if st == "saga" and e != "begin"}
+    finished = []
+    for saga_id in ids:
+        rows = [(st, e, d) for s, st, e, d in SAGA_LOG if s == saga_id]
+""",
+)
+
+# Backward recovery that compensates only the steps logged done: the step that was in
+# flight when the process died (committed, not yet logged) is never undone.
+BACKWARD_SKIPS_IN_FLIGHT = BACKWARD.replace(
+    """                started = {s for s, e, _ in rows if e == "started"}""",
+    """                started = {s for s, e, _ in rows if e == "done"}""",
+)
+
+
+@pytest.mark.parametrize("source", [SAGA, BACKWARD, DONE_ONLY], ids=["forward", "backward", "done-only"])
+def test_correct_sagas_pass(source):
+    assert_accepted("order_saga", source)
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (WRONG_ORDER, "reverse order"),
+        (NON_IDEMPOTENT_RELEASE, "called twice"),
+        (BLIND_REFUND, "ran for a step that never happened"),
+        (SPLIT_REFUND, "wallet moved"),
+        (CHECK_THEN_RELEASE, "two recoverers"),
+        (SKIPS_FAILED_COMPENSATION, "was skipped"),
+        (NO_RETRY, "ended the saga"),
+        (NO_LOG, "without the saga log"),
+        (IN_MEMORY_LOG, "half-done"),
+        (BACKWARD_SKIPS_IN_FLIGHT, "half-done"),
+    ],
+    ids=[
+        "wrong-order",
+        "non-idempotent-release",
+        "blind-refund",
+        "split-refund",
+        "check-then-release",
+        "skips-failed-compensation",
+        "no-retry",
+        "no-log",
+        "in-memory-log",
+        "backward-skips-in-flight",
+    ],
+)
+def test_wrong_sagas_are_rejected_for_the_reason(source, mentions):
+    assert_rejected("order_saga", source, mentions=mentions)
+
+
+# ----------------------------------------------------------------------------- outbox_relay
+
+PLACE = """
+import json
+from psycopg.types.json import Jsonb
+
+
+async def place_order(pool, redis, stream, order):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+                           (order["order_id"], order["customer"], order["amount_cents"]))
+        await conn.execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+                           "VALUES ('order', %s, 'OrderPlaced', %s)", (order["order_id"], Jsonb(order)))
+"""
+
+FIELDS = """
+def fields(event_id, aggregate_id, event_type, payload):
+    return {"event_id": str(event_id), "aggregate_id": aggregate_id, "event_type": event_type,
+            "payload": json.dumps(payload)}
+"""
+
+# one relay at a time: a transaction-level advisory lock the second relay waits for
+LEADER_WAITS = (
+    PLACE
+    + FIELDS
+    + """
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(6061)")
+        cur = await conn.execute("SELECT id, aggregate_id, event_type, payload FROM outbox "
+                                 "WHERE published_at IS NULL ORDER BY id LIMIT %s FOR UPDATE", (limit,))
+        rows = await cur.fetchall()
+        for row in rows:
+            await redis.xadd(stream, fields(*row))
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+"""
+)
+
+# no SKIP LOCKED: the second relay waits on the first one's rows, then re-checks them
+WAITS_ON_ROWS = LEADER_WAITS.replace('        await conn.execute("SELECT pg_advisory_xact_lock(6061)")\n', "")
+
+# the second relay gets out at once when another holds the leader lock, and publishes with a pipeline
+LEADER_SKIPS = (
+    PLACE
+    + FIELDS
+    + """
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with pool.connection() as conn, conn.transaction():
+        leader = await (await conn.execute("SELECT pg_try_advisory_xact_lock(6062)")).fetchone()
+        if not leader[0]:
+            return 0
+        cur = await conn.execute("SELECT id, aggregate_id, event_type, payload FROM outbox "
+                                 "WHERE published_at IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED", (limit,))
+        rows = await cur.fetchall()
+        if not rows:
+            return 0
+        pipe = redis.pipeline(transaction=False)
+        for row in rows:
+            pipe.xadd(stream, fields(*row))
+        await pipe.execute()
+        await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+"""
+)
+
+# SKIP LOCKED, but only the oldest unpublished event of each order is eligible
+HEADS_ONLY = (
+    PLACE
+    + FIELDS
+    + """
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT id, aggregate_id, event_type, payload FROM outbox o WHERE published_at IS NULL "
+            "AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.aggregate_id = o.aggregate_id "
+            "AND p.published_at IS NULL AND p.id < o.id) "
+            "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED", (limit,))
+        rows = await cur.fetchall()
+        for row in rows:
+            await redis.xadd(stream, fields(*row))
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+"""
+)
+
+# the course's own relay: partitions of aggregate ids, each behind an advisory lock
+COURSE_RELAY = (
+    PLACE
+    + """
+from course import outbox
+
+
+async def relay_batch(pool, redis, stream, *, limit=10):
+    return await outbox.relay_batch(pool, redis, stream, limit=limit)
+"""
+)
+
+SKIP_LOCKED = LEADER_WAITS.replace('        await conn.execute("SELECT pg_advisory_xact_lock(6061)")\n', "").replace(
+    "FOR UPDATE", "FOR UPDATE SKIP LOCKED"
+)
+
+IN_PROCESS_LOCK = (
+    PLACE
+    + FIELDS
+    + """
+import asyncio
+
+ONE_AT_A_TIME = asyncio.Lock()  # one relay at a time... in this process
+
+
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with ONE_AT_A_TIME, pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT id, aggregate_id, event_type, payload FROM outbox "
+                                 "WHERE published_at IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED", (limit,))
+        rows = await cur.fetchall()
+        for row in rows:
+            await redis.xadd(stream, fields(*row))
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+"""
+)
+
+IGNORES_LIMIT = (
+    PLACE
+    + FIELDS
+    + """
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT id, aggregate_id, event_type, payload FROM outbox "
+                                 "WHERE published_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED")
+        rows = await cur.fetchall()
+        for row in rows:
+            await redis.xadd(stream, fields(*row))
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+"""
+)
+
+DUAL_WRITE = (
+    FIELDS
+    + """
+import json
+
+
+async def place_order(pool, redis, stream, order):
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+                           (order["order_id"], order["customer"], order["amount_cents"]))
+    await redis.xadd(stream, fields(order["order_id"], order["order_id"], "OrderPlaced", order))
+
+
+async def relay_batch(pool, redis, stream, *, limit=10):
+    return 0
+"""
+)
+
+TWO_COMMITS = LEADER_WAITS.replace(
+    '    async with pool.connection() as conn, conn.transaction():\n        await conn.execute("INSERT INTO ch06_orders',
+    '    async with pool.connection() as conn:\n        await conn.execute("INSERT INTO ch06_orders',
+)
+
+# marks, commits, then publishes (one relay at a time, so the order holds): a failed XADD loses the event
+MARK_FIRST = (
+    PLACE
+    + FIELDS
+    + """
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with pool.connection() as conn:
+        await conn.execute("SELECT pg_advisory_lock(6063)")
+        try:
+            cur = await conn.execute(
+                "UPDATE outbox SET published_at = now() WHERE id IN (SELECT id FROM outbox "
+                "WHERE published_at IS NULL ORDER BY id LIMIT %s) RETURNING id, aggregate_id, event_type, payload",
+                (limit,))
+            rows = sorted(await cur.fetchall())
+            for row in rows:
+                await redis.xadd(stream, fields(*row))
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(6063)")
+    return len(rows)
+"""
+)
+
+SWALLOWS_PUBLISH_ERROR = LEADER_WAITS.replace(
+    "            await redis.xadd(stream, fields(*row))",
+    "            try:\n                await redis.xadd(stream, fields(*row))\n"
+    "            except Exception as err:\n                print('publish failed:', err)",
+)
+
+FRESH_EVENT_ID = LEADER_WAITS.replace(
+    '    return {"event_id": str(event_id),', '    import uuid\n    return {"event_id": str(uuid.uuid4()),'
+)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [LEADER_WAITS, WAITS_ON_ROWS, LEADER_SKIPS, HEADS_ONLY, COURSE_RELAY],
+    ids=["leader-waits", "waits-on-rows", "leader-skips", "heads-only", "course-relay"],
+)
+def test_correct_relays_pass(source):
+    assert_accepted("outbox_relay", source)
+
+
+@pytest.mark.parametrize(
+    ("source", "mentions"),
+    [
+        (DUAL_WRITE, "dual write"),
+        (TWO_COMMITS, "lost event"),
+        (SKIP_LOCKED, "out of order"),
+        (IN_PROCESS_LOCK, "out of order"),
+        (IGNORES_LIMIT, "at most `limit`"),
+        (MARK_FIRST, "never reached the stream"),
+        (SWALLOWS_PUBLISH_ERROR, "never reached the stream"),
+        (FRESH_EVENT_ID, "event_id"),
+    ],
+    ids=[
+        "dual-write",
+        "two-commits",
+        "skip-locked",
+        "in-process-lock",
+        "ignores-limit",
+        "mark-first",
+        "swallows-publish-error",
+        "fresh-event-id",
+    ],
+)
+def test_wrong_relays_are_rejected_for_the_reason(source, mentions):
+    assert_rejected("outbox_relay", source, mentions=mentions)
