@@ -26,7 +26,6 @@ current one on read, so stored events never need rewriting.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,6 +33,8 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
+
+from course.kit.lab import connection
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS es_events (
@@ -59,17 +60,8 @@ APPEND_LOCK = 707_001
 
 async def setup_schema(pool_or_conn) -> None:
     """Create ``es_events`` and ``es_snapshots`` (idempotent)."""
-    async with _connection(pool_or_conn) as conn:
+    async with connection(pool_or_conn) as conn:
         await conn.execute(SCHEMA)
-
-
-@contextlib.asynccontextmanager
-async def _connection(pool_or_conn):
-    if hasattr(pool_or_conn, "connection") and not hasattr(pool_or_conn, "execute"):
-        async with pool_or_conn.connection() as conn:
-            yield conn
-    else:
-        yield pool_or_conn
 
 
 # ----------------------------------------------------------------------------- events and errors
@@ -135,7 +127,7 @@ async def append(pool_or_conn, stream_id: str, expected_version: int, events: It
     items = [_new_event(e) for e in events]
     if not items:
         return expected_version
-    async with _connection(pool_or_conn) as conn:
+    async with connection(pool_or_conn) as conn:
         try:
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
@@ -162,7 +154,7 @@ def _row_event(row) -> Event:
 
 async def read_stream(pool_or_conn, stream_id: str, after_version: int = 0) -> list[Event]:
     """The events of one stream with ``version > after_version``, upcast, in version order."""
-    async with _connection(pool_or_conn) as conn:
+    async with connection(pool_or_conn) as conn:
         cur = await conn.execute(
             "SELECT position, stream_id, version, type, data FROM es_events "
             "WHERE stream_id = %s AND version > %s ORDER BY version",
@@ -173,7 +165,7 @@ async def read_stream(pool_or_conn, stream_id: str, after_version: int = 0) -> l
 
 async def read_all(pool_or_conn, after_position: int = 0, limit: int = 500) -> list[Event]:
     """Events of every stream with ``position > after_position``, upcast, in position order."""
-    async with _connection(pool_or_conn) as conn:
+    async with connection(pool_or_conn) as conn:
         cur = await conn.execute(
             "SELECT position, stream_id, version, type, data FROM es_events "
             "WHERE position > %s ORDER BY position LIMIT %s",
@@ -221,7 +213,7 @@ def fold(events: Iterable[Event], evolve: Callable[[Any, Event], Any], initial: 
 async def load(pool_or_conn, stream_id: str, evolve, initial=None, *, snapshots: bool = True) -> tuple[Any, int]:
     """``(state, version)`` of a stream: its snapshot (if any) plus the events after it."""
     state, version = initial, 0
-    async with _connection(pool_or_conn) as conn:
+    async with connection(pool_or_conn) as conn:
         if snapshots:
             cur = await conn.execute("SELECT version, state FROM es_snapshots WHERE stream_id = %s", (stream_id,))
             row = await cur.fetchone()
@@ -238,7 +230,7 @@ async def save_snapshot(pool_or_conn, stream_id: str, version: int, state) -> bo
     A snapshot is a cache of the fold: losing it costs a longer load, never a wrong one.
     ``state`` must be JSON (a dict); change :func:`evolve` and the snapshots must go.
     """
-    async with _connection(pool_or_conn) as conn:
+    async with connection(pool_or_conn) as conn:
         cur = await conn.execute(
             "INSERT INTO es_snapshots (stream_id, version, state) VALUES (%s, %s, %s) "
             "ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version, state = EXCLUDED.state, taken_at = now() "

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from course import eventstore
 from course.eventstore import Event
+from course.kit.lab import connection
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS projection_checkpoints (
@@ -50,7 +51,7 @@ BALANCES = "account_balances"
 async def setup_schema(pool_or_conn) -> None:
     """Create the event store, ``projection_checkpoints`` and ``account_balances`` (idempotent)."""
     await eventstore.setup_schema(pool_or_conn)
-    async with eventstore._connection(pool_or_conn) as conn:
+    async with connection(pool_or_conn) as conn:
         await conn.execute(SCHEMA)
 
 

@@ -26,10 +26,11 @@ when there is one, can feed the same indexer).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable
 
 from psycopg.types.json import Jsonb
+
+from course.kit.lab import connection
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS search_documents (
@@ -76,17 +77,8 @@ RETURNING version
 
 async def setup_schema(pool_or_conn) -> None:
     """Create ``search_documents`` (with its GIN index) and ``search_outbox`` (idempotent)."""
-    async with _connection(pool_or_conn) as conn:
+    async with connection(pool_or_conn) as conn:
         await conn.execute(SCHEMA)
-
-
-@contextlib.asynccontextmanager
-async def _connection(pool_or_conn):
-    if hasattr(pool_or_conn, "connection") and not hasattr(pool_or_conn, "execute"):
-        async with pool_or_conn.connection() as conn:
-            yield conn
-    else:
-        yield pool_or_conn
 
 
 # ----------------------------------------------------------------------------- the indexer

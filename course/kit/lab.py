@@ -164,6 +164,20 @@ class Namespace:
         _release_redis_db(self.servers.redis_url, self.redis_db)
 
 
+@asynccontextmanager
+async def connection(pool_or_conn):
+    """A connection from ``pool_or_conn``: a pool lends one for the block, a connection is itself.
+
+    For setup functions that take either (``await setup_schema(pool)`` or inside a transaction
+    with ``await setup_schema(conn)``).
+    """
+    if hasattr(pool_or_conn, "connection") and not hasattr(pool_or_conn, "execute"):
+        async with pool_or_conn.connection() as conn:
+            yield conn
+    else:
+        yield pool_or_conn
+
+
 def _loop_id(asyncio) -> int | None:
     try:
         return id(asyncio.get_running_loop())
