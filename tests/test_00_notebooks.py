@@ -1,6 +1,7 @@
 """Every chapter notebook follows the source conventions, and notebooks/ has not drifted."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,30 @@ def test_hidden_tests_are_one_line_calls_into_autograder(chapter):
             source = "".join(cell["source"])
             hidden = source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0].strip()
             assert hidden == f'grade("{meta["grade_id"].removeprefix("check_")}")', hidden
+
+
+#: Words that point at the course's private source documents, which the learner never has.
+#: "seeded randomness" and "seed=5" are honest prose and code; these are not.
+SOURCE_DOCUMENTS = re.compile(
+    r"seed 00\d|the seeds\b|seed's|seed sketch|seed claims|"
+    r"source material|the source this course|design cards?\b|practice task",
+    re.IGNORECASE,
+)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+@pytest.mark.parametrize("folder", ["solutions", "notebooks"])
+def test_no_cell_refers_to_the_source_documents(folder, chapter):
+    """Learners never see the documents the course was written from: cite public sources instead."""
+    nb = json.loads((REPO / folder / chapter / f"{chapter}.ipynb").read_text())
+    found = []
+    for index, cell in enumerate(nb["cells"]):
+        text = " ".join("".join(cell["source"]).split())  # a phrase may wrap across source lines
+        found += [
+            f"cell {index}: ...{text[max(0, m.start() - 40) : m.end() + 40]}..."
+            for m in SOURCE_DOCUMENTS.finditer(text)
+        ]
+    assert not found, f"{folder}/{chapter} refers to the source documents:\n" + "\n".join(found)
 
 
 @pytest.mark.slow

@@ -1,0 +1,159 @@
+"""Chapters 00-02 in a real Jupyter kernel, the way a learner runs them (nbclient, quick mode).
+
+- The solution notebook runs top to bottom twice in one kernel without an error, and the
+  second run leaves PostgreSQL with as many connections to the notebook's database as the
+  first (re-running never leaks a pool); printed lines fit a browser at 1,400 px.
+- The unfinished student notebook runs top to bottom: no tracebacks, and every place that
+  runs an unfinished answer says ``not done yet`` in one line.
+
+``NBGRADER_EXECUTION=autograde`` makes ``course.grading()`` true, so the demos run their
+small sizes (the same logic), and ``selfcheck`` steps aside.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CHAPTERS = ["00_setup_and_tour", "01_timeouts_and_retries", "02_circuit_breakers_and_bulkheads"]
+#: Printed lines longer than this wrap mid-word in JupyterLab at 1,400 px.
+WIDTH = 110
+
+COUNT_CONNECTIONS = """
+import psycopg as _psycopg
+with _psycopg.connect(ns.servers.database_url, autocommit=True) as _admin:
+    print("connections:", _admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (ns.name,)).fetchone()[0])
+"""
+
+
+@pytest.fixture
+def kernel_env(monkeypatch):
+    """The kernel uses this test process's servers, grades in quick mode, draws inline."""
+    from course.kit import backends
+
+    for key, value in backends.servers().as_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+
+
+def _client(nb):
+    from nbclient import NotebookClient
+
+    return NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True, resources={"metadata": {}})
+
+
+def _run_all(client, nb) -> list[tuple[int, dict]]:
+    """Execute every code cell once; return (index, output) for every output."""
+    seen = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            client.execute_cell(cell, index)
+            seen += [(index, out) for out in cell.outputs]
+    return seen
+
+
+def _text(out: dict) -> str:
+    if out["output_type"] == "stream":
+        return out["text"]
+    if out["output_type"] == "error":
+        return f"{out['ename']}: {out['evalue']}\n" + "\n".join(out.get("traceback", []))
+    return out.get("data", {}).get("text/plain", "")
+
+
+def _errors(outputs) -> list[str]:
+    return [
+        f"cell {i}: {_text(out)[:400]}"
+        for i, out in outputs
+        if out["output_type"] == "error" or "Traceback (most recent call last)" in _text(out)
+    ]
+
+
+def _connections(client, nb) -> int:
+    import nbformat
+
+    probe = nbformat.v4.new_code_cell(COUNT_CONNECTIONS)
+    nb.cells.append(probe)
+    try:
+        client.execute_cell(probe, len(nb.cells) - 1)
+    finally:
+        nb.cells.pop()
+    text = "".join(_text(out) for out in probe.outputs)
+    match = re.search(r"connections: (\d+)", text)
+    assert match, text
+    return int(match.group(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_solution_runs_twice_in_one_kernel_without_growing_its_connections(chapter, kernel_env):
+    import nbformat
+
+    nb = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    client = _client(nb)
+    with client.setup_kernel():
+        first = _run_all(client, nb)
+        after_first = _connections(client, nb)
+        second = _run_all(client, nb)
+        after_second = _connections(client, nb)
+    assert not _errors(first), _errors(first)
+    assert not _errors(second), f"the second run in the same kernel failed: {_errors(second)}"
+    assert after_second == after_first, f"connections grew from {after_first} to {after_second} on a second run"
+    long = [
+        f"cell {i}: {line[:80]}... ({len(line)} characters)"
+        for i, out in first
+        if out["output_type"] == "stream"
+        for line in out["text"].splitlines()
+        if len(line) > WIDTH and "://" not in line  # a server URL cannot be wrapped
+    ]
+    assert not long, "printed lines wrap in the browser:\n" + "\n".join(long)
+
+
+def _graded_cells(nb) -> dict[int, str]:
+    """Index of each test cell -> its task id."""
+    found = {}
+    for index, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+            found[index] = meta["grade_id"].removeprefix("check_")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_unfinished_student_notebook_runs_to_the_end_saying_not_done_yet(chapter, kernel_env):
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    client = _client(nb)
+    with client.setup_kernel():
+        outputs = _run_all(client, nb)
+    assert not _errors(outputs), _errors(outputs)
+    for index, task in _graded_cells(nb).items():
+        said = "".join(_text(out) for i, out in outputs if i == index).strip()
+        assert said.startswith(f"{task}: not done yet") and "\n" not in said, f"test cell of {task}: {said!r}"
+    try_its = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and "with try_it():" in cell.source]
+    assert try_its, "no try-it cell goes through try_it()"
+    for index in try_its:
+        said = "".join(_text(out) for i, out in outputs if i == index).strip()
+        assert said.splitlines()[-1].startswith("not done yet: "), f"try-it cell {index}: {said!r}"
+
+
+def test_every_try_it_cell_that_calls_an_answer_goes_through_try_it():
+    """A cell after an answer cell that calls the answer's function wraps the call in try_it()."""
+    for chapter in CHAPTERS:
+        nb = json.loads((REPO / "solutions" / chapter / f"{chapter}.ipynb").read_text())
+        answers = set()
+        for cell in nb["cells"]:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            source = "".join(cell["source"])
+            if meta.get("solution"):
+                answers |= set(re.findall(r"^(?:async def|def|class) (\w+)", source, re.M))
+            elif cell["cell_type"] == "code" and not meta.get("grade") and not meta.get("locked"):
+                called = {name for name in answers if re.search(rf"\b{name}\(", source)}
+                assert not called or "with try_it():" in source, f"{chapter}: a cell calls {called} bare:\n{source}"
