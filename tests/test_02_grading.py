@@ -328,7 +328,7 @@ from collections import deque
 
 
 class Bulkhead:
-    # the seed's hand-off semaphore, ported with cancellation handled
+    # a hand-off semaphore (each release hands the slot to the next waiter), with cancellation handled
     def __init__(self, limit: int, max_queue: int = 0):
         self.free, self.max_queue = limit, max_queue
         self.queue = deque()
