@@ -287,7 +287,7 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
         return Result(t.id, 0.0, t.points, r.lines, 0.0)
     args = [namespace[name] for name in t.needs]
     if not public and t.seed:
-        r.note(f"randomness seeded with {t.seed}")
+        r.note(f"random choices come from seed {t.seed}: the same code gets the same verdict on every run")
 
     outcome: dict = {}
 
@@ -355,6 +355,29 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
 # ----------------------------------------------------------------------------- notebook entry points
 
 
+#: Printed report lines wrap here, so a notebook in a browser (about 1,400 px) never wraps them mid-word.
+WIDTH = 108
+
+
+def fit(text: str, width: int = WIDTH) -> str:
+    """``text`` with each line longer than ``width`` wrapped at spaces, continuation lines
+    indented under the line's text (past its ``[ok]`` / ``[FAIL]`` / ``-`` mark)."""
+    import textwrap
+
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        body = line.lstrip()
+        mark = re.match(r"(\[\w+\]|-) ", body)
+        indent = " " * (len(line) - len(body) + (len(mark.group(0)) if mark else 2))
+        out.append(
+            textwrap.fill(line, width=width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+        )
+    return "\n".join(out)
+
+
 class TaskFailed(AssertionError):
     """A task fell short; shown in the notebook as a short message, not a traceback."""
 
@@ -372,7 +395,7 @@ def grade(task_id: str, namespace: dict | None = None):
     ns = namespace if namespace is not None else _caller_namespace()
     t = get_task(task_id)
     res = run_task(t, ns)
-    print(res.text())
+    print(fit(res.text()))
     if res.passed:
         return None
     if t.partial and res.points > 0:
@@ -388,7 +411,7 @@ def public(task_id: str, namespace: dict | None = None) -> None:
     if res.not_done:  # an unfinished task is not an error: Run All goes on to the next task
         print(f"{task_id}: not done yet (write your answer in the cell above, then run this cell)")
         return
-    print("\n".join(res.lines))
+    print(fit("\n".join(res.lines)))
     if res.passed:
         print(f"{task_id}: {PUBLIC_PASSED}")
         return
@@ -403,7 +426,7 @@ def selfcheck(chapter: str, namespace: dict | None = None) -> list[Result]:
         return []
     results = [run_task(t, ns) for t in load_chapter(chapter)]
     for res in results:
-        print(res.text())
+        print(fit(res.text()))
         print()
     total = sum(r.points for r in results)
     top = sum(r.max_points for r in results)

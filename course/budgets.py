@@ -6,16 +6,27 @@
   Finagle's RetryBudget and gRPC's retry throttling).
 - :class:`Deadline`: the time a request has left, passed down a call chain, so each inner
   call's timeout fits inside its caller's remaining time (gRPC deadlines, Go's context).
+  Between hosts it travels as the time *remaining* (:meth:`Deadline.to_header`,
+  :meth:`Deadline.from_header`), never as an absolute time: two hosts' clocks disagree.
+- :func:`call_next_hop`: one hop of a call chain with the deadline passed down.
 
-Chapter 01 measures both on a virtual clock (:func:`course.chapters.ch01.outage_load`,
-:func:`course.chapters.ch01.call_chain`).
+Chapter 01 measures them on a virtual clock (:func:`course.chapters.ch01.outage_load`,
+:func:`course.chapters.ch01.call_chain`, :func:`course.chapters.ch01.skewed_hop`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: The header that carries a deadline between services: milliseconds left, as Envoy's
+#: ``x-envoy-expected-rq-timeout-ms`` does (gRPC sends ``grpc-timeout``, also a duration).
+DEADLINE_HEADER = "x-request-timeout-ms"
 
 
 class RetryBudget:
@@ -76,7 +87,8 @@ class DeadlineExceeded(Exception):
 
 @dataclass
 class Deadline:
-    """An absolute point in time on ``clock``; pass it down instead of a fixed timeout."""
+    """An absolute point in time on this host's ``clock``; pass it down instead of a fixed
+    timeout. To another host it travels as the time left (:meth:`to_header`)."""
 
     at: float
     clock: Callable[[], float]
@@ -103,3 +115,53 @@ class Deadline:
         if left <= 0:
             raise DeadlineExceeded(f"{self.remaining():.3f} s left, {reserve:.3f} s reserved")
         return min(own, left)
+
+    def to_header(self) -> str:
+        """The time left, in whole milliseconds: what crosses to another host."""
+        return str(int(self.remaining() * 1000))
+
+    @classmethod
+    def from_header(cls, value: str | None, clock: Callable[[], float], *, default: float | None = None) -> Deadline:
+        """The deadline a caller sent, on *this* host's clock. Without the header: ``default``
+        seconds from now (or raise ``ValueError`` when there is no default)."""
+        if value is None or not value.strip().isdigit():
+            if default is None:
+                raise ValueError(f"no deadline in {value!r}")
+            return cls.after(default, clock)
+        return cls.after(int(value) / 1000, clock)
+
+
+async def call_next_hop(
+    call: Callable[[Deadline], Awaitable[T]],
+    deadline: Deadline,
+    *,
+    own_timeout: float,
+    attempts: int = 1,
+    reserve: float = 0.0,
+    min_timeout: float = 0.001,
+    wait_for: Callable[[Awaitable[T], float], Awaitable[T]] = asyncio.wait_for,
+) -> T:
+    """Call the next service with the deadline passed down: the deadline hop.
+
+    Each try gets ``min(own_timeout, time left - reserve)``; ``call`` receives the deadline
+    to pass on (``reserve`` seconds earlier, kept for this hop's own answer). Less than
+    ``min_timeout`` left: no try at all (:class:`DeadlineExceeded`), instead of work nobody
+    will wait for. ``wait_for`` is injectable so a virtual clock can drive it.
+    """
+    if attempts < 1:
+        raise ValueError("attempts must be at least 1")
+    inner = deadline.within(reserve=reserve)
+    last: Exception | None = None
+    for _ in range(attempts):
+        left = deadline.remaining() - reserve
+        if left < min_timeout:
+            why = f"{deadline.remaining():.3f} s left, {reserve:.3f} s reserved"
+            if last is None:
+                raise DeadlineExceeded(why)
+            raise DeadlineExceeded(f"{why}: no time for another try after {last!r}") from last
+        timeout = min(own_timeout, left)
+        try:
+            return await wait_for(call(inner), timeout)
+        except Exception as err:  # noqa: BLE001 - a timeout or the callee's failure: maybe try again
+            last = err
+    raise last  # type: ignore[misc] - the loop ran at least once

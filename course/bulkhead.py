@@ -1,8 +1,10 @@
-"""Bulkheads (chapter 02): a slow dependency may fill its own compartment, never the whole ship.
+"""Bulkheads and backpressure (chapter 02): a slow dependency may fill its own compartment, never the whole ship.
 
 - :class:`Bulkhead`: at most ``limit`` calls at once, up to ``max_queue`` more waiting
   (optionally for at most ``max_wait`` seconds), the rest rejected at once with
   :class:`BulkheadFullError`. The reference answer to the ``bulkhead`` task.
+- :func:`offer`: put work on a bounded queue the backpressure way: block between pipeline
+  stages, reject at the edge, or shed the least valuable work first.
 
 The chapter's live demo on PostgreSQL (slow searches flood the connections while payments
 measures its latency) is :func:`course.chapters.ch02.pool_flood`.
@@ -72,3 +74,39 @@ class Bulkhead:
                 self._slots.release()
         finally:
             self._admitted -= 1
+
+
+# ----------------------------------------------------------------------------- backpressure
+
+OFFER_MODES = ("block", "reject", "shed")
+
+
+async def offer(
+    queue: asyncio.Queue, item, *, mode: str = "reject", low_value: bool = False, shed_at: float = 0.5
+) -> bool:
+    """Hand ``item`` to a bounded ``queue``; True if it was taken.
+
+    - ``"block"`` (between pipeline stages): wait for room, so the slowdown travels upstream
+      to whoever can slow down;
+    - ``"reject"`` (at the edge of a service): never wait; False when the queue is full, and
+      the handler answers ``503`` (or ``429``) with ``Retry-After`` while its client still
+      listens;
+    - ``"shed"``: like ``reject``, but ``low_value`` work is turned away as soon as the queue
+      is ``shed_at`` full, keeping the rest of the room for the work that matters.
+
+    An unbounded queue (``asyncio.Queue()``) never says no: that is the bug, not a mode.
+    """
+    if mode not in OFFER_MODES:
+        raise ValueError(f"mode is one of {OFFER_MODES}")
+    if queue.maxsize <= 0:
+        raise ValueError("backpressure needs a bounded queue: asyncio.Queue(maxsize)")
+    if mode == "block":
+        await queue.put(item)
+        return True
+    if mode == "shed" and low_value and queue.qsize() >= queue.maxsize * shed_at:
+        return False
+    try:
+        queue.put_nowait(item)
+    except asyncio.QueueFull:
+        return False
+    return True

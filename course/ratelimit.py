@@ -21,8 +21,8 @@ server's own clock (``TIME``), so the clocks of the replicas never enter the dec
   timeout, chapter 02's :class:`~course.breaker.CircuitBreaker`, and a bounded local limit
   (``limit / replicas``) instead of no limit at all.
 - :class:`RateLimitMiddleware` (ASGI): ``429`` with ``Retry-After`` and the ``RateLimit`` /
-  ``RateLimit-Policy`` fields of draft-ietf-httpapi-ratelimit-headers; :func:`parse_retry_after`
-  and :func:`get_honouring_retry_after` for the client that reads them.
+  ``RateLimit-Policy`` fields of draft-ietf-httpapi-ratelimit-headers; :func:`get_honouring_retry_after`
+  for the client that reads them (with chapter 01's :func:`course.retry.parse_retry_after`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 
 from course.breaker import CircuitBreaker, CircuitOpenError
+from course.retry import parse_retry_after  # chapter 01's reader of Retry-After, shared
 
 
 @dataclass(frozen=True)
@@ -468,24 +468,6 @@ class RateLimitMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` value: delay-seconds (``"3"``) or an HTTP-date
-    (``"Wed, 21 Oct 2015 07:28:00 GMT"``, against ``now`` in epoch seconds). None when absent
-    or unreadable; never negative."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(int(value))
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None or when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 async def get_honouring_retry_after(

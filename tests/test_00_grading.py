@@ -66,7 +66,7 @@ def test_get_then_set_loses_updates_and_is_rejected():
 
 
 def test_skipping_postgresql_is_rejected():
-    assert_rejected("count_visit", REDIS_ONLY, mentions="PostgreSQL visits rows")
+    assert_rejected("count_visit", REDIS_ONLY, mentions="visits rows per page, expected")
 
 
 def test_the_wrong_key_is_rejected():

@@ -1,97 +1,177 @@
-"""Every chapter's solution notebook runs top to bottom twice in one kernel, as a learner re-runs it.
+"""Every chapter in a real Jupyter kernel, the way a learner runs it (nbclient, quick mode).
 
-Both runs must finish without an error output, and the second must not hold more
-PostgreSQL or Redis connections than the first: a notebook that opens a pool in a cell and
-never gives it back would run out of connections after a few Run Alls. The notebooks run in
-quick mode (``NBGRADER_EXECUTION=autograde``: ``course.grading()`` shrinks every demo, never
-its logic), so the whole set fits the suite's budget.
+- The solution notebook runs top to bottom twice in one kernel without an error, and the
+  second run holds no more PostgreSQL or Redis connections than the first (re-running never
+  leaks a pool or a client); printed lines fit a browser at 1,400 px.
+- The unfinished student notebook runs top to bottom: no tracebacks, and every place that
+  runs an unfinished answer says ``not done yet`` in one line.
+
+``NBGRADER_EXECUTION=autograde`` makes ``course.grading()`` true, so the demos run their
+small sizes (the same logic), and ``selfcheck`` steps aside.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from autograder import check
-from course.kit import backends
-
 REPO = Path(__file__).resolve().parent.parent
-CHAPTERS = sorted(check.chapters())
-PROBE = (
-    "import json as _json\nfrom course.kit import lab as _lab\n_n = _lab.current()\n"
-    "print(_json.dumps({'database': _n.name, 'redis_db': _n.redis_db}))"
-)
+CHAPTERS = sorted(p.parent.name for p in (REPO / "solutions").glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb"))
+#: Printed lines longer than this wrap mid-word in JupyterLab at 1,400 px.
+WIDTH = 110
+
+COUNT_CONNECTIONS = """
+import psycopg as _psycopg, redis as _redis
+from course.kit import lab as _lab
+_ns = _lab.current()
+with _psycopg.connect(_ns.servers.database_url, autocommit=True) as _admin:
+    _pg = _admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (_ns.name,)).fetchone()[0]
+with _redis.Redis.from_url(_ns.servers.redis_url) as _r:
+    _rd = sum(1 for _c in _r.client_list() if int(_c.get("db", -1)) == _ns.redis_db) - 1
+print("connections:", _pg, _rd)
+"""
 
 
-def _errors(nb) -> list[str]:
-    found = []
+@pytest.fixture
+def kernel_env(monkeypatch):
+    """The kernel uses this test process's servers, grades in quick mode, draws inline."""
+    from course.kit import backends
+
+    for key, value in backends.servers().as_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+
+
+def _client(nb):
+    from nbclient import NotebookClient
+
+    return NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True, resources={"metadata": {}})
+
+
+def _run_all(client, nb) -> list[tuple[int, dict]]:
+    """Execute every code cell once; return (index, output) for every output."""
+    seen = []
     for index, cell in enumerate(nb.cells):
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                found.append(f"cell {index}: {out.get('ename')}: {out.get('evalue', '')[:200]}")
-    return found
+        if cell.cell_type == "code":
+            client.execute_cell(cell, index)
+            seen += [(index, out) for out in cell.outputs]
+    return seen
 
 
-def _connections(namespace: dict) -> tuple[int, int]:
+def _text(out: dict) -> str:
+    if out["output_type"] == "stream":
+        return out["text"]
+    if out["output_type"] == "error":
+        return f"{out['ename']}: {out['evalue']}\n" + "\n".join(out.get("traceback", []))
+    return out.get("data", {}).get("text/plain", "")
+
+
+def _errors(outputs) -> list[str]:
+    return [
+        f"cell {i}: {_text(out)[:400]}"
+        for i, out in outputs
+        if out["output_type"] == "error" or "Traceback (most recent call last)" in _text(out)
+    ]
+
+
+def _connections(client, nb) -> tuple[int, int]:
     """(PostgreSQL backends on the notebook's database, Redis clients on its logical database)."""
-    import psycopg
-    import redis
+    import nbformat
 
-    srv = backends.servers()
-    with psycopg.connect(srv.database_url, autocommit=True) as conn:
-        pg = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (namespace["database"],))
-        pg_count = pg.fetchone()[0]
-    client = redis.Redis.from_url(srv.redis_url)
+    probe = nbformat.v4.new_code_cell(COUNT_CONNECTIONS)
+    nb.cells.append(probe)
     try:
-        rd = sum(1 for c in client.client_list() if int(c.get("db", -1)) == namespace["redis_db"])
+        client.execute_cell(probe, len(nb.cells) - 1)
     finally:
-        client.close()
-    return pg_count, rd
+        nb.cells.pop()
+    text = "".join(_text(out) for out in probe.outputs)
+    match = re.search(r"connections: (\d+) (-?\d+)", text)
+    assert match, text
+    return int(match.group(1)), int(match.group(2))
 
 
-def _settled(namespace: dict, first: tuple[int, int] | None, wait: float = 3.0) -> tuple[int, int]:
+def _settled(client, nb, first: tuple[int, int], wait: float = 3.0) -> tuple[int, int]:
     """The counts, read again for up to ``wait`` seconds while connections are still closing."""
     import time
 
     deadline = time.monotonic() + wait
-    counts = _connections(namespace)
-    while first is not None and (counts[0] > first[0] or counts[1] > first[1]) and time.monotonic() < deadline:
+    counts = _connections(client, nb)
+    while (counts[0] > first[0] or counts[1] > first[1]) and time.monotonic() < deadline:
         time.sleep(0.2)
-        counts = _connections(namespace)
+        counts = _connections(client, nb)
     return counts
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_the_solution_runs_twice_in_one_kernel_without_holding_more_connections(chapter, monkeypatch):
-    from nbclient import NotebookClient
+def test_the_solution_runs_twice_in_one_kernel_without_growing_its_connections(chapter, kernel_env):
+    import nbformat
 
-    srv = backends.servers()
-    for key, value in {**srv.as_env(), "COURSE_BACKEND": "env", "NBGRADER_EXECUTION": "autograde"}.items():
-        monkeypatch.setenv(key, value)
-    path = REPO / "solutions" / chapter / f"{chapter}.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    cells = list(nb.cells)
-    probe = nbformat.v4.new_code_cell(PROBE)
-    nb.cells.append(probe)
-    client = NotebookClient(
-        nb, timeout=180, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(path.parent)}}
-    )
-    counts, errors = [], []
+    nb = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    client = _client(nb)
     with client.setup_kernel():
-        for run in (1, 2):
-            for index, cell in enumerate(cells):
-                if cell.cell_type == "code":
-                    cell.outputs = []
-                    client.execute_cell(cell, index)
-            errors += [f"run {run}: {e}" for e in _errors(nb)]
-            probe.outputs = []
-            client.execute_cell(probe, len(cells))
-            namespace = json.loads("".join(o.get("text", "") for o in probe.outputs).strip().splitlines()[-1])
-            counts.append(_settled(namespace, counts[0] if counts else None))
-    assert not errors, "\n".join(errors)
-    (pg1, rd1), (pg2, rd2) = counts
-    assert pg2 <= pg1 and rd2 <= rd1, f"connections after run 1: {counts[0]}, after run 2: {counts[1]} (pg, redis)"
+        first = _run_all(client, nb)
+        after_first = _connections(client, nb)
+        second = _run_all(client, nb)
+        after_second = _settled(client, nb, after_first)
+    assert not _errors(first), _errors(first)
+    assert not _errors(second), f"the second run in the same kernel failed: {_errors(second)}"
+    assert after_second[0] <= after_first[0] and after_second[1] <= after_first[1], (
+        f"connections (PostgreSQL, Redis) grew from {after_first} to {after_second} on a second run"
+    )
+    long = [
+        f"cell {i}: {line[:80]}... ({len(line)} characters)"
+        for i, out in first
+        if out["output_type"] == "stream"
+        for line in out["text"].splitlines()
+        if len(line) > WIDTH and "://" not in line  # a server URL cannot be wrapped
+    ]
+    assert not long, "printed lines wrap in the browser:\n" + "\n".join(long)
+
+
+def _graded_cells(nb) -> dict[int, str]:
+    """Index of each test cell -> its task id."""
+    found = {}
+    for index, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+            found[index] = meta["grade_id"].removeprefix("check_")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_the_unfinished_student_notebook_runs_to_the_end_saying_not_done_yet(chapter, kernel_env):
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    client = _client(nb)
+    with client.setup_kernel():
+        outputs = _run_all(client, nb)
+    assert not _errors(outputs), _errors(outputs)
+    for index, task in _graded_cells(nb).items():
+        said = "".join(_text(out) for i, out in outputs if i == index).strip()
+        assert said.startswith(f"{task}: not done yet") and "\n" not in said, f"test cell of {task}: {said!r}"
+    try_its = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and "with try_it():" in cell.source]
+    for index in try_its:
+        said = "".join(_text(out) for i, out in outputs if i == index).strip()
+        assert said.splitlines()[-1].startswith("not done yet: "), f"try-it cell {index}: {said!r}"
+
+
+def test_every_try_it_cell_that_calls_an_answer_goes_through_try_it():
+    """A cell after an answer cell that calls the answer's function wraps the call in try_it()."""
+    for chapter in CHAPTERS:
+        nb = json.loads((REPO / "solutions" / chapter / f"{chapter}.ipynb").read_text())
+        answers = set()
+        for cell in nb["cells"]:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            source = "".join(cell["source"])
+            if meta.get("solution"):
+                answers |= set(re.findall(r"^(?:async def|def|class) (\w+)", source, re.M))
+            elif cell["cell_type"] == "code" and not meta.get("grade") and not meta.get("locked"):
+                called = {name for name in answers if re.search(rf"\b{name}\(", source)}
+                assert not called or "with try_it():" in source, f"{chapter}: a cell calls {called} bare:\n{source}"

@@ -1,11 +1,12 @@
 """Every chapter notebook follows the source conventions, and notebooks/ has not drifted."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from autograder import check, harness, release
+from autograder import cellnames, check, harness, release
 
 REPO = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted(check.chapters())
@@ -51,6 +52,57 @@ def test_hidden_tests_are_one_line_calls_into_autograder(chapter):
             source = "".join(cell["source"])
             hidden = source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0].strip()
             assert hidden == f'grade("{meta["grade_id"].removeprefix("check_")}")', hidden
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_no_demo_cell_rebinds_a_name_that_grading_uses(chapter):
+    """Grading runs only the locked, answer and test cells: a demo cell that rebinds one of
+    their names (``from course.breaker import CircuitBreaker`` above the answer that defines
+    ``CircuitBreaker``) makes the learner's kernel grade something else than the grader does."""
+    nb = check.read_notebook(REPO / "solutions" / chapter / f"{chapter}.ipynb")
+    graded_binds: dict[str, str] = {}
+    graded_uses: set[str] = set()
+    demos = []
+    for index, (cell, meta) in enumerate(_cells(nb)):
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        if meta.get("locked") or meta.get("solution") or meta.get("grade"):
+            graded_binds.update(cellnames.bindings(source))
+            graded_uses |= cellnames.used(source)
+        else:
+            demos.append((index, source))
+    clashes = [
+        f"cell {index} binds {name} ({origin}); grading has {graded_binds.get(name, 'it as a name it uses')}"
+        for index, source in demos
+        for name, origin in cellnames.bindings(source).items()
+        if (name in graded_binds or name in graded_uses) and (origin == "cell" or graded_binds.get(name) != origin)
+    ]
+    assert not clashes, "\n".join(clashes)
+
+
+#: Words that point at the course's private source documents, which the learner never has.
+#: "seeded randomness" and "seed=5" are honest prose and code; these are not.
+SOURCE_DOCUMENTS = re.compile(
+    r"seed 00\d|the seeds\b|seed's|seed sketch|seed claims|"
+    r"source material|the source this course|design cards?\b|practice task",
+    re.IGNORECASE,
+)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+@pytest.mark.parametrize("folder", ["solutions", "notebooks"])
+def test_no_cell_refers_to_the_source_documents(folder, chapter):
+    """Learners never see the documents the course was written from: cite public sources instead."""
+    nb = json.loads((REPO / folder / chapter / f"{chapter}.ipynb").read_text())
+    found = []
+    for index, cell in enumerate(nb["cells"]):
+        text = " ".join("".join(cell["source"]).split())  # a phrase may wrap across source lines
+        found += [
+            f"cell {index}: ...{text[max(0, m.start() - 40) : m.end() + 40]}..."
+            for m in SOURCE_DOCUMENTS.finditer(text)
+        ]
+    assert not found, f"{folder}/{chapter} refers to the source documents:\n" + "\n".join(found)
 
 
 @pytest.mark.slow

@@ -33,9 +33,11 @@ RETRYABLE_OK = {
 import asyncio
 import httpx
 
-RETRY = {408, 429} | set(range(500, 600))
+RETRY = {408, 429} | set(range(500, 600)) - {501, 505}
 
 def is_retryable(err: BaseException) -> bool:
+    if isinstance(err, (httpx.PoolTimeout, httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
+        return False
     if isinstance(err, (TimeoutError, httpx.TimeoutException, httpx.TransportError, ConnectionError)):
         return True
     if isinstance(err, httpx.HTTPStatusError):
@@ -48,12 +50,31 @@ import httpx
 
 def is_retryable(err):
     match err:
+        case httpx.PoolTimeout() | httpx.UnsupportedProtocol() | httpx.LocalProtocolError():
+            return False
         case TimeoutError() | httpx.TimeoutException() | httpx.TransportError() | ConnectionError():
             return True
     status = getattr(getattr(err, "response", None), "status_code", None) if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
     if isinstance(status, bool) or not isinstance(status, int):
         return False
-    return status == 408 or status == 429 or 500 <= status < 600
+    return status == 408 or status == 429 or (500 <= status < 600 and status not in (501, 505))
+""",
+    "lists what may go away by itself": """
+import httpx
+
+TRANSIENT = (TimeoutError, ConnectionError, httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout,
+             httpx.WriteTimeout, httpx.ReadError, httpx.WriteError, httpx.CloseError, httpx.RemoteProtocolError)
+
+def is_retryable(err):
+    if isinstance(err, TRANSIENT):
+        return True
+    if isinstance(err, httpx.HTTPStatusError):
+        status = err.response.status_code
+    else:
+        status = getattr(err, "status", None)
+    if type(status) is not int:
+        return False
+    return status in (408, 429) or (status >= 500 and status not in (501, 505))
 """,
 }
 
@@ -153,6 +174,43 @@ def is_retryable(err):
     return s in (408, 429) or 500 <= s <= 599
 """,
         "raised TypeError",
+    ),
+    "every transport error (caller bugs and your own pool too)": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (TimeoutError, httpx.TimeoutException, httpx.TransportError, ConnectionError)):
+        return True
+    s = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
+    return isinstance(s, int) and not isinstance(s, bool) and (s in (408, 429) or 500 <= s <= 599)
+""",
+        "PoolTimeout",
+    ),
+    "every 5xx, 501 and 505 too": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (httpx.PoolTimeout, httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
+        return False
+    if isinstance(err, (TimeoutError, httpx.TransportError, ConnectionError)):
+        return True
+    s = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
+    return isinstance(s, int) and not isinstance(s, bool) and (s in (408, 429) or 500 <= s <= 599)
+""",
+        "505",
+    ),
+    "timeouts only when the message says so": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (httpx.PoolTimeout, httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
+        return False
+    if isinstance(err, (httpx.TransportError, ConnectionError)):
+        return True
+    s = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
+    return isinstance(s, int) and not isinstance(s, bool) and (s in (408, 429) or (s >= 500 and s not in (501, 505)))
+""",
+        "TimeoutError() -> False",
     ),
     "not done": ('def is_retryable(err):\n    raise NotImplementedError("not done yet")\n', "not done yet"),
 }
@@ -470,7 +528,7 @@ def test_01_with_retry_verdicts_repeat():
     source = WITH_RETRY_WRONG["jitter before the cap"][0]
     first, second = run_source("with_retry", source), run_source("with_retry", source)
     assert first.lines == second.lines
-    assert any("seeded with" in line for line in first.lines)
+    assert any("from seed 101" in line for line in first.lines)
 
 
 # ----------------------------------------------------------------------------- retry_test
@@ -706,7 +764,8 @@ def test_01_course_check_scores_wrong_answers_below_full_marks(tmp_path):
     from autograder.check import check
 
     answers = {
-        "with_retry": WITH_RETRY_WRONG["no jitter"][0],
+        # the answer cells run in order: the with_retry cell must not re-import the reference is_retryable
+        "with_retry": WITH_RETRY_WRONG["no jitter"][0].replace("from course.retry import is_retryable\n", ""),
         "is_retryable": RETRYABLE_WRONG["every HTTP error"][0],
         "retry_test": WEAK_TEST,
     }

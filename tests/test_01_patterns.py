@@ -172,49 +172,143 @@ async def test_01_retries_multiply_across_layers(layers, attempts, calls):
 
 
 async def test_01_live_errors_are_real_httpx_errors():
-    found = dict(await ch01.live_errors(("200", "404", "503", "reset"), timeout=0.5))
+    found = dict(await ch01.live_errors(("200", "404", "503", "505", "reset"), timeout=0.5))
     assert found["200"] is None
     assert isinstance(found["404"], httpx.HTTPStatusError) and not retry.is_retryable(found["404"])
     assert isinstance(found["503"], httpx.HTTPStatusError) and retry.is_retryable(found["503"])
+    assert isinstance(found["505"], httpx.HTTPStatusError) and not retry.is_retryable(found["505"])
     assert isinstance(found["reset"], httpx.TransportError) and retry.is_retryable(found["reset"])
+    assert isinstance(found["refused"], httpx.ConnectError) and retry.safe_to_retry(found["refused"], idempotent=False)
+    assert isinstance(found["pool full"], httpx.PoolTimeout) and not retry.is_retryable(found["pool full"])
+    assert isinstance(found["bad scheme"], httpx.UnsupportedProtocol) and not retry.is_retryable(found["bad scheme"])
+    assert isinstance(found["bad header"], httpx.LocalProtocolError) and not retry.is_retryable(found["bad header"])
 
 
-# ----------------------------------------------------------------------------- budgets and deadlines
+# ----------------------------------------------------------------------------- the retry table
 
 
-def test_01_retry_budget_allows_about_its_ratio():
-    budget = budgets.RetryBudget(ratio=0.1, reserve=0)
-    allowed = 0
-    for _ in range(1000):
-        budget.record_request()
-        allowed += budget.try_spend()
-    assert 95 <= allowed <= 100
+@pytest.mark.parametrize("row", retry.RETRY_TABLE, ids=lambda row: row.failure[:40])
+def test_01_the_retry_table_and_the_code_agree(row):
+    """Every example error of a row gets the verdicts the row prints, from is_retryable
+    (the idempotent column) and safe_to_retry (the other one)."""
+    for make in row.examples:
+        err = make()
+        assert retry.is_retryable(err) is row.idempotent.startswith("yes"), (row.failure, err)
+        assert retry.safe_to_retry(err, idempotent=False) is row.not_idempotent.startswith("yes"), (row.failure, err)
 
 
-async def test_01_retry_budget_caps_outage_amplification():
-    plain = await ch01.outage_load(200, retries=4)
-    capped = await ch01.outage_load(200, retries=4, budget=budgets.RetryBudget(ratio=0.1))
-    assert plain["amplification"] == 5.0
-    assert capped["amplification"] < 1.2
+def test_01_only_connect_failures_and_408_429_are_known_not_to_have_run():
+    assert not retry.outcome_unknown(httpx.ConnectError("refused"))
+    assert not retry.outcome_unknown(DependencyError(429))
+    for err in (httpx.ReadTimeout("t"), httpx.RemoteProtocolError("gone"), DependencyError(502), TimeoutError()):
+        assert retry.outcome_unknown(err) and retry.is_retryable(err)
 
 
-def test_01_deadline_timeout_fits_inside_what_is_left():
+def test_01_the_retry_table_renders_as_markdown():
+    table = retry.retry_table().splitlines()
+    assert len(table) == len(retry.RETRY_TABLE) + 2 and all(line.count("|") >= 5 for line in table)
+
+
+# ----------------------------------------------------------------------------- Retry-After
+
+
+def _answer(status: int, **headers) -> httpx.HTTPStatusError:
+    request = httpx.Request("GET", "http://svc.local/x")
+    response = httpx.Response(status, headers=headers, request=request)
+    return httpx.HTTPStatusError(str(status), request=request, response=response)
+
+
+def test_01_retry_after_reads_seconds_dates_and_errors():
+    assert retry.parse_retry_after("120") == 120.0
+    assert retry.parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470) == 10.0
+    assert retry.parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490) == 0.0
+    assert retry.parse_retry_after("soon") is None and retry.parse_retry_after(None) is None
+    assert retry.parse_retry_after("-3") is None and retry.parse_retry_after("1.5") is None  # not delay-seconds
+    assert retry.retry_after(_answer(503, **{"Retry-After": "7"})) == 7.0
+    assert retry.retry_after(_answer(503)) is None
+    assert retry.retry_after({"retry-after": "7"}) == 7.0
+
+
+def test_01_retry_after_reads_a_date_against_the_servers_own_clock():
+    err = _answer(429, **{"Retry-After": "Wed, 21 Oct 2015 07:28:30 GMT", "Date": "Wed, 21 Oct 2015 07:28:00 GMT"})
+    assert retry.retry_after(err) == 30.0  # whatever our clock says
+
+
+def test_01_retry_after_is_capped_at_what_the_caller_has_left():
+    assert retry.retry_after("120", cap=5.0) == 5.0
+    assert retry.retry_after("2", cap=5.0) == 2.0
+    from course.breaker import CircuitOpenError
+
+    assert retry.retry_after(CircuitOpenError("payments", 12.5), cap=3.0) == 3.0
+
+
+async def test_01_retry_call_waits_at_least_what_retry_after_asks():
     clock = VirtualClock()
+    answers = iter([_answer(503, **{"Retry-After": "2"}), _answer(429, **{"Retry-After": "1"})])
+
+    async def call():
+        err = next(answers, None)
+        if err is not None:
+            raise err
+        return "ok"
+
+    state = retry.RetryState()
+    policy = retry.RetryPolicy(max_elapsed=10.0, backoff=backoff.FullJitter(0.01, 0.05))
+    assert await retry.retry_call(call, policy, clock=clock, sleep=clock.sleep, rand=lambda: 0.5, state=state) == "ok"
+    assert state.delays == pytest.approx([2.0 * 1.1, 1.0 * 1.1])  # the ask, plus half of the 20% spread
+
+
+async def test_01_retry_call_gives_up_when_retry_after_passes_the_time_limit():
+    clock = VirtualClock()
+
+    async def call():
+        raise _answer(503, **{"Retry-After": "60"})
+
+    state = retry.RetryState()
+    with pytest.raises(httpx.HTTPStatusError):
+        await retry.retry_call(call, retry.RetryPolicy(max_elapsed=5.0), clock=clock, sleep=clock.sleep, state=state)
+    assert state.attempt == 1 and clock.sleeps == [] and "Retry-After asks for 60 s" in state.gave_up
+
+
+async def test_01_a_client_honouring_retry_after_waits_what_the_server_asked():
+    ignores, honours = await ch01.retry_after_race(busy=1.0, retry_after=1)
+    assert ignores.calls[-1][1] == honours.calls[-1][1] == 200
+    assert honours.rejected == len(honours.waits) and all(1.0 <= w <= 1.2 for w in honours.waits)
+    assert all(w < 1.0 for w in ignores.waits[:3])  # backoff from 50 ms, deaf to the header
+
+
+def test_01_a_deadline_crosses_hosts_as_the_time_left():
+    clock = VirtualClock(100.0, auto=False)
+    sent = budgets.Deadline.after(0.75, clock).to_header()
+    assert sent == "750"
+    elsewhere = VirtualClock(5_000.0, auto=False)  # another host, another clock
+    assert budgets.Deadline.from_header(sent, elsewhere).remaining() == pytest.approx(0.75)
+    assert budgets.Deadline.from_header(None, elsewhere, default=2.0).remaining() == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        budgets.Deadline.from_header("soon", elsewhere)
+
+
+def test_01_clock_skew_breaks_absolute_deadlines_not_durations():
+    ahead, same, behind = ch01.deadline_across_hosts(skews=(2.0, 0.0, -2.0), budget=1.0, transit=0.005)
+    assert ahead["absolute"] == 0.0 and behind["absolute"] == pytest.approx(2.995)
+    assert ahead["remaining"] == same["remaining"] == behind["remaining"] == pytest.approx(1.0)
+
+
+async def test_01_call_next_hop_never_starts_a_try_without_time_left():
+    clock = VirtualClock()
+    calls = []
+
+    async def callee(deadline):
+        calls.append(deadline.remaining())
+        await clock.sleep(10)
+
+    def virtual_wait(task, seconds):
+        return ch01.wait_for_virtual(asyncio.ensure_future(task), seconds, clock)
+
     deadline = budgets.Deadline.after(1.0, clock)
-    assert deadline.timeout(5.0, reserve=0.1) == pytest.approx(0.9)
-    assert deadline.timeout(0.2) == 0.2
-    clock.advance(1.0)
     with pytest.raises(budgets.DeadlineExceeded):
-        deadline.timeout(5.0)
-
-
-async def test_01_propagated_deadline_stops_wasted_work():
-    chain = [ch01.Hop("gateway", 0.02, 5.0), ch01.Hop("api", 0.05, 2.0, attempts=2), ch01.Hop("db", 3.0, 0)]
-    fixed = await ch01.call_chain(chain, 1.0, propagate=False)
-    passed = await ch01.call_chain(chain, 1.0, propagate=True)
-    assert fixed.outcome == passed.outcome == "504"
-    assert fixed.calls["db"] == 2 and fixed.wasted > 4.0
-    assert passed.calls["db"] == 1 and passed.wasted < 0.05
+        await budgets.call_next_hop(callee, deadline, own_timeout=0.6, attempts=3, reserve=0.05, wait_for=virtual_wait)
+    assert calls == pytest.approx([0.95, 0.35])  # two tries fit, the third would start with nothing left
 
 
 async def test_01_healthy_chain_answers_either_way():
@@ -273,6 +367,39 @@ async def test_01_live_hedged_reads_answer_every_read():
     assert hedge_after > 0
     assert hedged_run.stats.requests == 60
     assert hedged_run.stats.hedge_wins <= hedged_run.stats.hedges <= 60
+
+
+def test_01_a_percentile_needs_about_ten_samples_beyond_it():
+    rows = {row["n"]: row for row in ch01.percentile_spread(99.9, sizes=(400, 10_000), trials=60)}
+    narrow, wide = rows[10_000], rows[400]
+    assert (narrow["high"] - narrow["low"]) < (wide["high"] - wide["low"]) / 2
+    assert narrow["low"] < narrow["truth"] < narrow["high"]
+
+
+def test_01_postgres_timeouts_fire_on_the_server(ns):
+    import psycopg
+
+    from course.chapters.ch01 import postgres as pgt
+
+    with ns.connect(options="-c statement_timeout=100") as conn, pytest.raises(psycopg.errors.QueryCanceled):
+        conn.execute("SELECT pg_sleep(2)")
+    with ns.connect() as holder, ns.connect() as waiter:
+        pgt.setup_accounts(holder)
+        pgt.setup_accounts(holder)  # twice: a notebook runs twice
+        holder.execute("BEGIN")
+        holder.execute("SELECT * FROM ch01_accounts WHERE id = 1 FOR UPDATE")
+        waiter.execute("SET lock_timeout = '50ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            waiter.execute("UPDATE ch01_accounts SET balance = 0 WHERE id = 1")
+        holder.execute("ROLLBACK")
+
+
+async def test_01_a_caller_that_gives_up_leaves_the_query_running(ans):
+    from course.chapters.ch01 import postgres as pgt
+
+    rows = await pgt.abandoned_query(ans, seconds=2.0, patience=0.2)
+    assert [state for _, state, _ in rows] == ["active"]  # the caller gave up, the server did not
+    assert all(state != "active" for _, state, _ in pgt.activity(ans, "abandoned report"))  # pg_cancel_backend did
 
 
 def test_01_fanout_tail_is_63_percent_at_100_shards():

@@ -64,3 +64,23 @@ def test_the_monte_carlo_agrees_with_the_formulas():
     assert simulate_replicas(0.99, 2, minutes=1_000_000) == pytest.approx(0.9999, abs=5e-5)
     assert simulate_replicas(0.99, 2, shared=0.999, minutes=1_000_000) == pytest.approx(0.9989, abs=2e-4)
     assert simulate_serial(*[0.999] * 4, minutes=500_000) == pytest.approx(0.996, abs=5e-4)
+
+
+async def test_offer_blocks_between_stages_rejects_at_the_edge_and_sheds_low_value_work():
+    from course.bulkhead import offer
+
+    q: asyncio.Queue = asyncio.Queue(4)
+    assert all([await offer(q, i, mode="reject") for i in range(4)])
+    assert await offer(q, "one too many", mode="reject") is False
+    waiting = asyncio.ensure_future(offer(q, "later", mode="block"))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # the producer waits for room
+    q.get_nowait()
+    assert await waiting is True
+
+    q = asyncio.Queue(4)
+    assert await offer(q, "a", mode="shed", low_value=True) and await offer(q, "b", mode="shed", low_value=True)
+    assert await offer(q, "c", mode="shed", low_value=True) is False  # half full: low-value work goes first
+    assert await offer(q, "payment", mode="shed") is True
+    with pytest.raises(ValueError):
+        await offer(asyncio.Queue(), "x", mode="reject")  # unbounded: not backpressure

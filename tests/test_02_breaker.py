@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from course.breaker import CircuitBreaker, CircuitOpenError, counts_as_failure
+from course.chapters import ch02
 from course.chapters.ch02 import (
     SketchBreaker,
     half_open_stampede,
@@ -157,7 +158,7 @@ def test_only_the_course_breaker_sends_a_single_probe():
 
     reached = run(scenario())
     assert reached["course.breaker"] == 1
-    assert reached["seed sketch"] == 8
+    assert reached["blog sketch"] == 8
 
 
 def test_checkout_answers_503_with_retry_after_when_the_breaker_is_open():
@@ -173,3 +174,32 @@ def test_checkout_answers_503_with_retry_after_when_the_breaker_is_open():
     assert statuses[:2] == [(502, None), (502, None)]
     assert set(statuses[2:]) == {(503, "30")}
     assert reached == 2
+
+
+def test_an_unfinished_class_reads_as_its_class_and_method(capsys):
+    """The learner's kernel names the stub behind the error: the class, not a bare __init__."""
+    from course.kit.notebook import try_it
+
+    class CircuitBreaker:
+        def __init__(self, threshold=0.5):
+            raise NotImplementedError("not done yet")
+
+    with try_it():
+        CircuitBreaker()
+    out = capsys.readouterr().out
+    assert out.startswith("not done yet: ") and "CircuitBreaker.__init__" in out
+
+
+def test_breakers_per_process_trip_n_times_slower_and_send_n_probes():
+    one = asyncio.run(ch02.per_process(1))
+    five = asyncio.run(ch02.per_process(5))
+    assert five["before_open"] == 5 * one["before_open"]
+    assert five["probes"] == 5 * one["probes"] > 0
+
+
+def test_callers_told_the_same_retry_after_come_back_together_unless_they_jitter():
+    exact = ch02.returning_callers(150, burst=0.05, retry_after=1.0)
+    spread = ch02.returning_callers(150, burst=0.05, retry_after=1.0, spread=1.0)
+    assert ch02.peak(exact) == 150
+    assert ch02.peak(spread) < 40
+    assert min(spread) >= 1.0  # never earlier than the server asked

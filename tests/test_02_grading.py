@@ -201,7 +201,23 @@ STALE_COOLDOWN = breaker_mutant(
                 self.state = "open"  # back to open, but keeps the first opening time""",
 )
 
-SEED_SKETCH = """
+IGNORES_NON_FAILURES = breaker_mutant(
+    """            self._record(failed=self.is_failure(err), probe=probe)""",
+    """            if self.is_failure(err) or probe:  # "a 404 tells us nothing": left out of the window
+                self._record(failed=self.is_failure(err), probe=probe)""",
+)
+
+LATE_SUCCESS_CLOSES = breaker_mutant(
+    """        if self.state != "closed":
+            return  # a call that started before the breaker opened""",
+    """        if self.state != "closed":
+            if not failed:  # "it worked, so payments is back"
+                self.state = "closed"
+                self.window.clear()
+            return""",
+)
+
+COPIED_SKETCH = """
 from course.chapters.ch02 import SketchBreaker as _Sketch
 
 
@@ -240,7 +256,9 @@ def test_a_subclass_of_the_reference_breaker_passes():
         (CALLS_FN_WHILE_OPEN, "into the 10 s cooldown"),
         (WALL_CLOCK, "clock="),
         (STALE_COOLDOWN, "fresh"),
-        (SEED_SKETCH, "let through"),
+        (COPIED_SKETCH, "let through"),
+        (IGNORES_NON_FAILURES, "count as successes"),
+        (LATE_SUCCESS_CLOSES, "in flight"),
     ],
     ids=[
         "no-half-open",
@@ -250,7 +268,9 @@ def test_a_subclass_of_the_reference_breaker_passes():
         "calls-fn-while-open",
         "reads-the-wall-clock",
         "failed-probe-keeps-old-cooldown",
-        "seed-sketch",
+        "copied-typescript-sketch",
+        "leaves-404s-out-of-the-window",
+        "a-late-success-closes-an-open-breaker",
     ],
 )
 def test_wrong_breakers_are_rejected(source, mentions):
@@ -308,7 +328,7 @@ from collections import deque
 
 
 class Bulkhead:
-    # the seed's hand-off semaphore, ported with cancellation handled
+    # a hand-off semaphore (each release hands the slot to the next waiter), with cancellation handled
     def __init__(self, limit: int, max_queue: int = 0):
         self.free, self.max_queue = limit, max_queue
         self.queue = deque()

@@ -36,15 +36,14 @@ async def check_count_visit(r: Report, count_visit) -> None:
         )
         keys = sorted(await redis.keys("*"))
         values = {k: await redis.get(k) for k in keys}
-        r.expect(
-            values == {"visits:about": "5", "visits:home": "20"},
-            f"Redis holds {values}, expected {{'visits:about': '5', 'visits:home': '20'}}",
-        )
+        expected = {"visits:about": "5", "visits:home": "20"}
+        r.expect(values == expected, f"Redis holds {values}", f"Redis holds {values}, expected {expected}")
         async with pool.connection() as conn:
             rows = await (
                 await conn.execute("SELECT page, count(*) FROM visits GROUP BY page ORDER BY page")
             ).fetchall()
         r.expect(
             dict(rows) == {"about": 5, "home": 20},
-            f"PostgreSQL visits rows per page: {dict(rows)}, expected {{'about': 5, 'home': 20}}",
+            f"PostgreSQL has {dict(rows)} visits rows per page",
+            f"PostgreSQL has {dict(rows)} visits rows per page, expected {{'about': 5, 'home': 20}}",
         )

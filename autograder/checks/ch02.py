@@ -1,7 +1,8 @@
 """Hidden checks of chapter 02 (circuit breakers, bulkheads and backpressure).
 
-``circuit_breaker`` ports the seed's practice 2: a 30-second outage of a dependency on a
-virtual clock. ``bulkhead`` fills bulkheads with calls that block on events the check
+``circuit_breaker``: a 30-second outage of a dependency on a virtual clock (fail fast, one
+probe, recovery), then the rules the task states: a 404 counts as a success, a call still in
+flight when the breaker opens does not close it. ``bulkhead`` fills bulkheads with calls that block on events the check
 controls, so "how many are running" and "who was rejected at once" are exact, not timed.
 """
 
@@ -277,6 +278,69 @@ async def _check_breaker(r: Report, CircuitBreaker, spawn: Spawned) -> None:
         if br3.state == "open" and len(pay3.calls) <= 10
         else f"with is_failure=lambda err: True, 12 calls answered 404: state {br3.state!r}, payments called "
         f"{len(pay3.calls)} times; expected the breaker to open within 10 calls (use the is_failure passed in)",
+    )
+
+    # --- a non-failure is a success: 6 answers of 404, then 503s
+    clock4 = VirtualClock(auto=False)
+    pay4 = Payments(clock4)
+    br4 = CircuitBreaker(threshold=0.5, window_size=10, cooldown=COOLDOWN, clock=clock4)
+    pay4.status = 404
+    for _ in range(6):
+        await _attempt(br4, pay4)
+        clock4.advance(1)
+    pay4.status = 503
+    later = []
+    for _ in range(6):
+        later.append(await _attempt(br4, pay4))
+        clock4.advance(1)
+    reached = len(pay4.calls)
+    what = "6 calls answered 404, then 6 calls that fail with 503"
+    if reached == 10:
+        r.fail(
+            f"{what}: the breaker opened after the 4th 503 (10 calls in the window): the 404s counted as failures. "
+            "A 404 is the dependency answering: it counts as a success"
+        )
+    if reached >= 12:
+        r.fail(
+            f"{what}: all 12 reached payments: the 5th 503 should have opened the breaker (window of the last 10: "
+            "5 answers of 404 and 5 failures = 0.5). Were the 404s left out of the window? They count as successes"
+        )
+    r.expect(
+        reached == 11 and later[-1][0] == "open",
+        f"{what}: the 5th 503 made 5 failures in the last 10 calls and opened it; the 6th failed fast",
+        f"{what}: payments called {reached} times, the last call {_seen(later[-1])}; expected 11 calls, then "
+        "CircuitOpenError (404s count as successes in the window)",
+    )
+
+    # --- a call in flight when the breaker opens finishes, and does not close it
+    clock5 = VirtualClock(auto=False)
+    pay5 = Payments(clock5)
+    br5 = CircuitBreaker(threshold=0.5, window_size=10, cooldown=COOLDOWN, clock=clock5)
+    gate = asyncio.Event()
+
+    async def slow_but_fine() -> str:
+        await gate.wait()
+        return "paid late"
+
+    slow = spawn(_attempt(br5, slow_but_fine))
+    await _until_idle()
+    pay5.status = 503
+    for _ in range(10):
+        await _attempt(br5, pay5)
+        clock5.advance(0.5)
+    opened = br5.state == "open"
+    gate.set()
+    await _until_idle()
+    finished = slow.result() if slow.done() else ("other", RuntimeError("still waiting"))
+    calls = len(pay5.calls)
+    after = await _attempt(br5, pay5)
+    what = "a slow call started while closed; 10 failures opened the breaker; then the slow call succeeded"
+    r.expect(
+        opened and finished == ("ok", "paid late") and after[0] == "open" and len(pay5.calls) == calls,
+        f"{what}: its caller got 'paid late', and the breaker stayed open (the next call failed fast)",
+        f"{what}: opened={opened}, the slow call {_seen(finished)}, then a new call {_seen(after)} with "
+        f"{len(pay5.calls) - calls} call(s) to payments; a call already in flight runs to the end and its result "
+        "reaches its caller, but its outcome no longer counts once the state has changed",
     )
 
 

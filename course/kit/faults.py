@@ -568,7 +568,9 @@ def kill_postgres_backend(conn, pid: int) -> bool:
 # ----------------------------------------------------------------------------- real errors
 
 #: FlakyService steps, one call each in :func:`http_errors`: statuses, a reset, a hang.
-HTTP_STEPS = ("200", "400", "401", "404", "408", "409", "422", "429", "500", "502", "503", "504", "reset", "hang")
+HTTP_STEPS = (
+    "200", "400", "401", "404", "408", "409", "422", "429", "500", "501", "502", "503", "504", "505", "reset", "hang"
+)  # fmt: skip
 
 
 async def http_errors(steps=HTTP_STEPS, *, timeout: float = 0.2) -> list[tuple[str, BaseException | None]]:

@@ -17,15 +17,20 @@ chapter's demo) would otherwise end in a long traceback through ``course/`` and 
 from __future__ import annotations
 
 import contextlib
-import traceback
 
 NOT_DONE = "not done yet"
 
 
 def _stub_function(err: BaseException) -> str:
-    """The name of the function whose stub raised ``err`` (the innermost frame)."""
-    frames = traceback.extract_tb(err.__traceback__)
-    return frames[-1].name if frames else ""
+    """The name of the function whose stub raised ``err`` (the innermost frame), with its
+    class for a method: ``CircuitBreaker.__init__``, not a bare ``__init__``."""
+    tb = err.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return getattr(code, "co_qualname", code.co_name)
 
 
 def not_done(err: BaseException | None, _seen: set | None = None) -> str | None:

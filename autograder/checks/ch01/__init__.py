@@ -203,10 +203,13 @@ def _retryable_cases() -> list[tuple[str, BaseException, bool]]:
         ("httpx.ConnectTimeout", httpx.ConnectTimeout("connect timed out"), True),
         ("httpx.ReadTimeout", httpx.ReadTimeout("read timed out"), True),
         ("httpx.WriteTimeout", httpx.WriteTimeout("write timed out"), True),
-        ("httpx.PoolTimeout", httpx.PoolTimeout("no free connection"), True),
+        ("httpx.PoolTimeout (your own pool is full)", httpx.PoolTimeout("no free connection"), False),
         ("httpx.ConnectError", httpx.ConnectError("connection refused"), True),
         ("httpx.ReadError", httpx.ReadError("connection reset"), True),
+        ("httpx.WriteError", httpx.WriteError("broken pipe"), True),
         ("httpx.RemoteProtocolError", httpx.RemoteProtocolError("server disconnected"), True),
+        ("httpx.UnsupportedProtocol (a caller bug)", httpx.UnsupportedProtocol("ftp:// is not supported"), False),
+        ("httpx.LocalProtocolError (a caller bug)", httpx.LocalProtocolError("Illegal header value"), False),
         ("ConnectionResetError()", ConnectionResetError(), True),
         ("ConnectionRefusedError()", ConnectionRefusedError(), True),
         ("BrokenPipeError()", BrokenPipeError(), True),
@@ -219,11 +222,11 @@ def _retryable_cases() -> list[tuple[str, BaseException, bool]]:
     ]
     for status in (408, 429, 500, 502, 503, 504):
         cases.append((f"httpx.HTTPStatusError {status}", http_status_error(status), True))
-    for status in (400, 401, 403, 404, 409, 422):
+    for status in (400, 401, 403, 404, 409, 422, 501, 505):
         cases.append((f"httpx.HTTPStatusError {status}", http_status_error(status), False))
     for status in (408, 429, 500, 503, 599):
         cases.append((f"an error with status={status}", StatusError(status), True))
-    for status in (400, 404, 409, 418, 451):
+    for status in (400, 404, 409, 418, 451, 501, 505):
         cases.append((f"an error with status={status}", StatusError(status), False))
     cases.append(("course.kit.faults.DependencyError(503)", DependencyError(503), True))
     cases.append(("course.kit.faults.DependencyError(404)", DependencyError(404), False))
@@ -263,9 +266,11 @@ async def check_is_retryable(r: Report, is_retryable) -> None:
     )
     if r.public:
         return
-    r.note("timeouts, connection errors, HTTP statuses (httpx.HTTPStatusError and a `status` attribute), others")
+    r.note("timeouts, connection errors, caller bugs, your own pool, HTTP statuses (httpx and a `status` attribute)")
     _judge(r, is_retryable, _retryable_cases())
-    r.note("real errors: one httpx call per step of a live FlakyService (200, 4xx, 5xx, reset, hang)")
+    r.note(
+        "real errors from httpx: a live FlakyService (4xx, 5xx, reset, hang), a closed port, a full pool, bad requests"
+    )
     collected = await live_errors()
     live = [
         (f"the live '{step}' ({type(err).__name__})", err, reference_is_retryable(err))

@@ -5,21 +5,28 @@
   (:func:`course.timeouts.call_with_timeout` is the fix);
 - :func:`plot_strategies`: the waits of every :mod:`course.backoff` strategy;
 - :func:`layered_calls`: what retrying at every layer does to the bottom one;
-- :func:`live_errors`: the real httpx errors of a flaky HTTP service, classified by
-  :func:`course.retry.is_retryable` (the ``is_retryable`` check uses them too);
+- :func:`live_errors`: the real httpx errors of a flaky HTTP service (and of a closed port, a
+  full pool and two caller bugs), classified by :func:`course.retry.is_retryable` (the
+  ``is_retryable`` check uses them too);
+- :func:`retry_after_race`: two live clients against a service that answers 429 with
+  ``Retry-After``, one honouring it;
 - :func:`outage_load` and :func:`call_chain`: a :class:`course.budgets.RetryBudget` and a
-  :class:`course.budgets.Deadline`, measured on a virtual clock;
+  :class:`course.budgets.Deadline`, measured on a virtual clock; :func:`deadline_across_hosts`:
+  why a deadline crosses hosts as the time remaining;
+- :func:`percentile_spread`: how many samples a percentile needs;
 - :func:`measure_reads`, :func:`hedging_demo` and :func:`plot_fanout`: hedged reads
   (:func:`course.hedging.hedged`) against live replicas, and the fan-out tail.
 
 Brooker's thundering-herd simulation, the live retry storm and the optimistic-concurrency
-race on PostgreSQL are in :mod:`course.chapters.ch01.herd`.
+race on PostgreSQL are in :mod:`course.chapters.ch01.herd`; PostgreSQL's own timeouts, live,
+in :mod:`course.chapters.ch01.postgres`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -28,12 +35,12 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from course.backoff import make, sample
-from course.budgets import Deadline, DeadlineExceeded, RetryBudget
+from course.backoff import FullJitter, make, sample
+from course.budgets import Deadline, DeadlineExceeded, RetryBudget, call_next_hop
 from course.hedging import HedgeStats, hedged
 from course.kit.faults import HTTP_STEPS, FlakyDependency, FlakyService, Schedule, VirtualClock, http_errors
 from course.kit.stats import percentile
-from course.retry import with_retry
+from course.retry import RetryPolicy, retry_call, with_retry
 
 # ----------------------------------------------------------------------------- timeouts
 
@@ -67,7 +74,7 @@ class PoolRun:
         hung_outcomes = sorted({c.outcome for c in hung})
         return (
             f"{self.label}: {len(done)}/{len(self.healthy())} healthy calls answered within {self.observe:g} s "
-            f"({worst}); the {len(hung)} calls to the hanging endpoint ended as {', '.join(hung_outcomes)}"
+            f"({worst})\n    the {len(hung)} calls to the hanging endpoint ended as {', '.join(hung_outcomes)}"
         )
 
 
@@ -149,8 +156,10 @@ def plot_strategies(base: float = 0.1, cap: float = 2.0, *, attempts: int = 10, 
     of ``clients`` sampled clients plus their mean for the jittered ones."""
     import matplotlib.pyplot as plt
 
+    from course.kit.plotting import legend_outside
+
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4.2))
+        _, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")
     xs = list(range(1, attempts + 1))
     colors = {
         "fixed": "#7f8c8d",
@@ -176,9 +185,11 @@ def plot_strategies(base: float = 0.1, cap: float = 2.0, *, attempts: int = 10, 
     ax.text(xs[0], cap, " cap", va="bottom", color="grey")
     ax.set_xlabel("retry number (wait after failure k = retry k)")
     ax.set_ylabel("delay (s)")
-    ax.set_title(f"Backoff strategies, base {base:g} s, cap {cap:g} s ({clients} sampled clients per jitter)")
+    ax.set_title(
+        f"Backoff strategies, base {base:g} s, cap {cap:g} s ({clients} sampled clients per jitter)", fontsize=10
+    )
     ax.set_ylim(0, cap * 1.12)
-    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    legend_outside(ax)
     return ax
 
 
@@ -213,9 +224,100 @@ async def layered_calls(layers: int, attempts_per_layer: int) -> int:
 # ----------------------------------------------------------------------------- real errors
 
 
-# The real errors of each kind of failure are made by the toolkit (chapter 05 shows them too).
+#: FlakyService steps and the error each one makes for an httpx client (see :func:`live_errors`).
 LIVE_STEPS = HTTP_STEPS
-live_errors = http_errors
+
+#: Errors that need no flaky service: a closed port, a full pool, two caller bugs.
+EXTRA_ERRORS = ("refused", "pool full", "bad scheme", "bad header")
+
+
+async def live_errors(
+    steps=LIVE_STEPS, *, timeout: float = 0.2, extras: bool = True
+) -> list[tuple[str, BaseException | None]]:
+    """The toolkit's :func:`~course.kit.faults.http_errors` (one call per FlakyService step),
+    and with ``extras`` the errors of :data:`EXTRA_ERRORS`: a port nobody listens on
+    (``ConnectError``), a request that waits for a pool whose only connection hangs
+    (``PoolTimeout``), an ``ftp://`` URL (``UnsupportedProtocol``) and a header with a
+    newline in it (``LocalProtocolError``).
+    """
+    from course.kit.serve import free_port
+
+    out = await http_errors(steps, timeout=timeout)
+    if not extras:
+        return out
+
+    async def keep(step: str, call) -> None:
+        try:
+            (await call()).raise_for_status()
+            out.append((step, None))
+        except Exception as err:  # noqa: BLE001 - collecting what each step raises
+            out.append((step, err))
+
+    async with FlakyService(Schedule("ok hang", then="repeat"), name="errors") as svc:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            port = free_port()  # nothing listens there
+            await keep("refused", lambda: client.get(f"http://127.0.0.1:{port}/item"))
+            await keep("bad scheme", lambda: client.get(f"ftp://127.0.0.1:{port}/item"))
+            await keep("bad header", lambda: client.get(svc.url + "/item", headers={"x-note": "two\nlines"}))
+        svc.set_schedule(Schedule("hang", then="repeat"))
+        limits = httpx.Limits(max_connections=1)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, pool=timeout / 4), limits=limits) as client:
+            holder = asyncio.ensure_future(client.get(svc.url + "/slow"))  # takes the only connection
+            seen = svc.count
+            while svc.count < seen + 1:
+                await asyncio.sleep(0.005)
+            await keep("pool full", lambda: client.get(svc.url + "/item"))
+            with contextlib.suppress(Exception):
+                await holder
+    return out
+
+
+# ----------------------------------------------------------------------------- Retry-After, live
+
+
+@dataclass
+class PoliteRun:
+    label: str
+    calls: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, status)
+    waits: list[float] = field(default_factory=list)
+
+    @property
+    def rejected(self) -> int:
+        return sum(1 for _, status in self.calls if status == 429)
+
+    @property
+    def done_at(self) -> float:
+        return self.calls[-1][0] if self.calls else float("nan")
+
+
+async def retry_after_race(*, busy: float = 1.0, retry_after: int = 1, seed: int = 3) -> list[PoliteRun]:
+    """Two live clients of two identical services that answer 429 with ``Retry-After`` for
+    their first ``busy`` seconds. Both retry with :func:`course.retry.retry_call` and full
+    jitter (base 50 ms); one ignores ``Retry-After``, the other honours it. Real time."""
+    runs = []
+
+    async def client(label: str, spread: float | None) -> PoliteRun:
+        run = PoliteRun(label)
+        async with FlakyService(Schedule.outage(0.0, busy, during=429), retry_after=retry_after, name=label) as svc:
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                svc.reset_clock()
+                t0 = time.perf_counter()
+
+                async def get() -> httpx.Response:
+                    resp = await http.get(svc.url + "/quote")
+                    run.calls.append((time.perf_counter() - t0, resp.status_code))
+                    return resp.raise_for_status()
+
+                policy = RetryPolicy(
+                    max_attempts=12, max_elapsed=5.0, backoff=FullJitter(0.05, 2.0), retry_after_spread=spread
+                )
+                await retry_call(
+                    get, policy, rand=random.Random(seed).random, on_retry=lambda s: run.waits.append(s.delays[-1])
+                )
+        return run
+
+    runs = await asyncio.gather(client("ignores Retry-After", None), client("honours Retry-After", 0.2))
+    return list(runs)
 
 
 # ----------------------------------------------------------------------------- retry budgets
@@ -283,23 +385,28 @@ async def wait_for_virtual(task: asyncio.Future, seconds: float, clock: VirtualC
 async def call_chain(hops: list[Hop], user_timeout: float, *, propagate: bool) -> ChainRun:
     """A request enters at ``hops[0]``; the user (or the load balancer) waits ``user_timeout``.
 
-    Each hop does ``work`` seconds of its own, then calls the next hop with its fixed
-    ``timeout`` and up to ``attempts`` tries (``propagate=False``), or with the smaller of
-    that timeout and the deadline's remaining time, refusing work whose deadline has passed
-    (``propagate=True``). Each hop runs as its own task, as a remote server would: a caller
-    that gives up does not stop the callee. Virtual time throughout.
+    Each hop does ``work`` seconds of its own, then calls the next hop through
+    :func:`course.budgets.call_next_hop` with its fixed ``timeout`` and up to ``attempts``
+    tries. ``propagate=True`` passes the user's deadline down (each try gets the smaller of
+    its timeout and the time left; work whose deadline passed is dropped);
+    ``propagate=False`` passes a deadline that never comes, so only the fixed timeouts
+    apply. Each hop runs as its own task, as a remote server would: a caller that gives up
+    does not stop the callee. Virtual time throughout.
     """
     clock = VirtualClock()
     run = ChainRun("deadline propagated" if propagate else "fixed timeouts per hop", 0.0, "")
     tasks: list[asyncio.Task] = []
     user_answered = False
 
+    def virtual_wait(task, seconds: float):
+        return wait_for_virtual(task, seconds, clock)
+
     async def serve(i: int, deadline: Deadline) -> str:
         hop = hops[i]
         run.calls[hop.name] = run.calls.get(hop.name, 0) + 1
         done = 0.0
         while done < hop.work - 1e-12:  # this hop's own work, in 10 ms slices
-            if propagate and deadline.expired:
+            if deadline.expired:
                 raise DeadlineExceeded(f"{hop.name}: the deadline passed, work abandoned")
             dt = min(0.01, hop.work - done)
             await clock.sleep(dt)
@@ -309,23 +416,25 @@ async def call_chain(hops: list[Hop], user_timeout: float, *, propagate: bool) -
                 run.wasted += dt
         if i + 1 == len(hops):
             return "rows"
-        last: BaseException | None = None
-        # the callee gets this hop's deadline minus time kept back for answering
-        inner = deadline.within(reserve=0.02) if propagate else deadline
-        for _ in range(hop.attempts):
-            limit = min(hop.timeout, inner.remaining()) if propagate else hop.timeout
-            if limit <= 0:
-                last = DeadlineExceeded(f"{hop.name}: no time left to call {hops[i + 1].name}")
-                break
+
+        def call(inner: Deadline) -> asyncio.Task:  # the next hop, on its own "server"
             callee = asyncio.ensure_future(serve(i + 1, inner))
             tasks.append(callee)
-            try:
-                return await wait_for_virtual(callee, limit, clock)
-            except Exception as err:  # noqa: BLE001 - a timeout or the callee's own failure
-                last = err
-        raise TimeoutError(f"{hop.name}: the call to {hops[i + 1].name} failed ({last})")
+            return callee
 
-    deadline = Deadline.after(user_timeout, clock)
+        try:
+            return await call_next_hop(
+                call,
+                deadline,
+                own_timeout=hop.timeout,
+                attempts=hop.attempts,
+                reserve=0.02 if propagate else 0.0,  # time kept back for answering
+                wait_for=virtual_wait,
+            )
+        except Exception as err:  # noqa: BLE001 - the caller sees a failed call either way
+            raise TimeoutError(f"{hop.name}: the call to {hops[i + 1].name} failed ({err})") from err
+
+    deadline = Deadline.after(user_timeout, clock) if propagate else Deadline(math.inf, clock)
     entry = asyncio.ensure_future(serve(0, deadline))
     tasks.append(entry)
     try:
@@ -338,6 +447,71 @@ async def call_chain(hops: list[Hop], user_timeout: float, *, propagate: bool) -
     while any(not t.done() for t in tasks):  # let the servers behind finish what they started
         await asyncio.gather(*tasks, return_exceptions=True)
     return run
+
+
+def deadline_across_hosts(skews=(-2.0, 0.0, 2.0), *, budget: float = 1.0, transit: float = 0.005) -> list[dict]:
+    """Host A calls host B with ``budget`` seconds left; B's clock runs ``skew`` s ahead of A's.
+
+    What B believes it has left when A sends the deadline as an absolute time (A's clock
+    reading plus the budget) and when A sends the time remaining
+    (:meth:`course.budgets.Deadline.to_header`). ``transit`` is the one-way network delay.
+    """
+    rows = []
+    for skew in skews:
+        clock_a = VirtualClock(1_000.0, auto=False)
+
+        def clock_b(a: VirtualClock = clock_a, ahead: float = skew) -> float:
+            return a() + ahead
+
+        deadline = Deadline.after(budget, clock_a)
+        header = deadline.to_header()
+        sent_at = deadline.at
+        clock_a.advance(transit)  # the request crosses the network
+        rows.append(
+            {
+                "skew": skew,
+                "absolute": Deadline(sent_at, clock_b).remaining(),
+                "remaining": Deadline.from_header(header, clock_b).remaining(),
+                "header": header,
+            }
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------- percentiles
+
+
+def percentile_spread(
+    q: float, sizes=(150, 400, 1_000, 10_000, 100_000), *, trials: int = 300, seed: int = 9
+) -> list[dict]:
+    """How well ``n`` samples pin down the ``q``-th percentile of a latency distribution.
+
+    The model: 98% of calls take about 2 ms, 2% take the slow path, about 60 ms with a long
+    tail (log-normal, sigma 0.8). For each sample size, ``trials``
+    independent samples; the spread of their ``q``-th percentile (5th to 95th of the
+    estimates), and how many samples an average run has beyond the true percentile.
+    """
+    rng = np.random.default_rng(seed)
+
+    def draw(shape) -> np.ndarray:
+        slow = rng.random(shape) < 0.02
+        return np.where(slow, rng.lognormal(np.log(60.0), 0.8, shape), rng.lognormal(np.log(2.0), 0.3, shape))
+
+    truth = float(np.percentile(draw(2_000_000), q))
+    rows = []
+    for n in sizes:
+        reps = max(20, min(trials, 3_000_000 // n))
+        estimates = np.percentile(draw((reps, n)), q, axis=1)
+        rows.append(
+            {
+                "n": n,
+                "beyond": n * (100 - q) / 100,
+                "low": float(np.percentile(estimates, 5)),
+                "high": float(np.percentile(estimates, 95)),
+                "truth": truth,
+            }
+        )
+    return rows
 
 
 # ----------------------------------------------------------------------------- hedged reads, live
@@ -450,8 +624,10 @@ def plot_fanout(p_slow: float = 0.01, *, max_shards: int = 200, p_slow_hedged: f
     """Share of slow requests against fan-out width: formula, simulation, and with hedging."""
     import matplotlib.pyplot as plt
 
+    from course.kit.plotting import legend_outside
+
     widths = np.unique(np.linspace(1, max_shards, 25).astype(int))
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
     ax.plot(widths, 1 - (1 - p_slow) ** widths, color="#c0392b", label=f"1 - (1 - {p_slow:g})^N")
     measured = [fanout_slow_share(w, p_slow, trials=trials, seed=int(w)) for w in widths]
     ax.plot(widths, measured, "o", ms=3, color="#c0392b", label="simulated")
@@ -460,6 +636,5 @@ def plot_fanout(p_slow: float = 0.01, *, max_shards: int = 200, p_slow_hedged: f
     ax.axvline(100, color="grey", ls=":", lw=1)
     ax.set(xlabel="shards a request waits on (N)", ylabel="share of slow requests", ylim=(0, 1.02))
     ax.set_title(f"The fan-out tail: each shard slow {p_slow:.0%} of the time")
-    ax.legend()
-    fig.tight_layout()
+    legend_outside(ax)
     return fig

@@ -31,7 +31,7 @@ NET_SD_MS = 2.0
 
 #: What the 2015 post reports for its simulation (text and figures), to set beside ours.
 BROOKER_CLAIMS = {
-    "fewer calls": "with 100 contending clients, full jitter needs less than half the calls of plain exponential backoff",
+    "fewer calls": "at 100 clients, full jitter needs less than half the calls of plain exponential backoff",
     "exponential slowest": "plain exponential backoff (no jitter) takes by far the longest of the backoff strategies",
     "equal jitter": "equal jitter does slightly more work than full jitter and takes longer",
     "decorrelated": "full jitter does less work than decorrelated jitter, at a slightly longer completion time",
@@ -252,20 +252,23 @@ def plot_sweep(sweep_results: dict[int, HerdResult]):
     """Calls and completion time against client count, one line per strategy."""
     import matplotlib.pyplot as plt
 
-    fig, (ax_calls, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
+    from course.kit.plotting import legend_outside
+
+    fig, (ax_calls, ax_time) = plt.subplots(1, 2, figsize=(12, 4), layout="constrained")
     ns = sorted(sweep_results)
     strategies = list(sweep_results[ns[0]].calls)
     for s in strategies:
         ax_calls.plot(ns, [sweep_results[n].mean_calls(s) for n in ns], "-o", ms=3, color=COLORS[s], label=s)
-        ax_time.plot(ns, [sweep_results[n].mean_completion_ms(s) / 1000 for n in ns], "-o", ms=3, color=COLORS[s])
+        ax_time.plot(
+            ns, [sweep_results[n].mean_completion_ms(s) / 1000 for n in ns], "-o", ms=3, color=COLORS[s], label=s
+        )
     trials = sweep_results[ns[0]].trials
     ax_calls.set(
         xlabel="contending clients", ylabel="calls (conditional writes)", title=f"Work (mean of {trials} runs)"
     )
     ax_time.set(xlabel="contending clients", ylabel="seconds until the last client is done", yscale="log")
     ax_time.set_title(f"Completion time (mean of {trials} runs, log scale)")
-    ax_calls.legend(fontsize=8)
-    fig.tight_layout()
+    legend_outside(ax_time)
     return fig
 
 
@@ -273,13 +276,17 @@ def plot_race(clients: int, *, trials: int = 20, seed: int = 7, window_ms: float
     """One contention level up close: when the writes arrive (trial 0), and the averages."""
     import matplotlib.pyplot as plt
 
+    from course.kit.plotting import legend_outside
+
     res = simulate(clients, trials=trials, seed=seed, record=True)
-    fig, (ax_t, ax_bar) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.7, 1]})
+    fig, (ax_t, ax_bar) = plt.subplots(
+        1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1.7, 1]}, layout="constrained"
+    )
     bins = np.arange(0, window_ms + 10, 10)
     for s in ("exponential", "full jitter"):
         ax_t.hist(res.write_times_ms[s], bins=bins, histtype="step", lw=1.6, color=COLORS[s], label=s)
     ax_t.set(xlabel="time (ms)", ylabel="writes per 10 ms", title=f"{clients} clients: writes arriving at the row")
-    ax_t.legend()
+    legend_outside(ax_t, "below", ncols=2)
     names = list(res.calls)
     calls = [res.mean_calls(s) for s in names]
     ax_bar.barh(names, calls, color=[COLORS[s] for s in names])
@@ -288,7 +295,6 @@ def plot_race(clients: int, *, trials: int = 20, seed: int = 7, window_ms: float
     ax_bar.set_xlim(0, max(calls) * 1.9)
     ax_bar.set(xlabel=f"mean calls ({trials} runs)", title="work and completion time")
     ax_bar.invert_yaxis()
-    fig.tight_layout()
     return res
 
 

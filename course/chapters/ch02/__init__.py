@@ -3,6 +3,10 @@
 - :class:`SketchBreaker`: a literal port of a widely copied TypeScript sketch, kept to show
   its flaws (every success wipes the counts, every concurrent caller goes through in
   half-open); :class:`course.breaker.CircuitBreaker` is the fix;
+- :func:`per_process`: one breaker per process, as every library keeps it: N pods trip N
+  times slower and send N probes;
+- :func:`returning_callers`: callers turned away in one burst with the same
+  ``Retry-After``, coming back with and without jitter;
 - :func:`simulate_outage`: the outage timeline on a :class:`~course.kit.faults.VirtualClock`
   that the chapter's widget re-runs, drawn by :func:`plot_timeline`;
 - :func:`one_for_all`, :func:`library_breakers` and :func:`half_open_stampede`: one breaker
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -35,7 +40,8 @@ T = TypeVar("T")
 
 
 class SketchBreaker:
-    """The seed's TypeScript sketch ported line by line, flaws included (do not use).
+    """A TypeScript breaker sketch of the kind many blog posts show, ported line by line,
+    flaws included (do not use).
 
     Every success wipes the counts, so a dependency failing 9 calls in 10 never trips it;
     every error counts (404s too); and in half-open *every* caller goes through, because
@@ -97,12 +103,14 @@ class Timeline:
         return min(after) if after else None
 
     def summary(self) -> str:
+        """Two short lines: what the requests got, and what the dependency and the server saw."""
         rec = self.recovered_at
         lag = f"{rec - self.outage[1]:.1f} s after it ended" if rec is not None else "never"
         return (
             f"{len(self.requests)} requests: {self.count('ok')} ok, {self.count('failed')} failed after waiting, "
-            f"{self.count('rejected')} rejected fast | calls that reached the dead dependency: "
-            f"{self.calls_while_down} | recovered {lag} | most requests in flight at once: {self.max_in_flight}"
+            f"{self.count('rejected')} rejected fast\n"
+            f"calls to the dead dependency: {self.calls_while_down} | recovered {lag} | "
+            f"at most {self.max_in_flight} in flight"
         )
 
 
@@ -201,8 +209,10 @@ def plot_timeline(tl: Timeline, ax_latency, ax_state=None, *, title: str = "", u
             label = {"ok": "answered", "failed": "failed after waiting", "rejected": "rejected fast (503)"}[outcome]
             ax_latency.scatter(xs, ys, s=10, color=color, label=f"{label} ({len(pts)})")
     ax_latency.axvspan(*tl.outage, color="#c0392b", alpha=0.08, label="dependency down")
+    from course.kit.plotting import legend_outside
+
     ax_latency.set_ylabel(f"latency ({unit})")
-    ax_latency.legend(loc="upper right", fontsize=8)
+    legend_outside(ax_latency)
     if title:
         ax_latency.set_title(title, fontsize=10)
     if ax_state is not None:
@@ -267,7 +277,7 @@ async def one_for_all(shared: bool, *, seconds: float = 60.0, interval: float = 
 
 
 def library_breakers(cooldown: float) -> dict[str, Callable[[], Callable]]:
-    """Factories of ``guarded(fn)`` callables: this chapter's breaker, the seed's sketch and the
+    """Factories of ``guarded(fn)`` callables: this chapter's breaker, the blog sketch and the
     asyncio breakers on PyPI that are installed (purgatory, aiobreaker), each tripping after
     a handful of failures and waiting ``cooldown`` seconds of real time."""
 
@@ -277,7 +287,7 @@ def library_breakers(cooldown: float) -> dict[str, Callable[[], Callable]]:
     def sketch():
         return SketchBreaker(0.5, 10, cooldown).call
 
-    factories: dict[str, Callable[[], Callable]] = {"course.breaker": ours, "seed sketch": sketch}
+    factories: dict[str, Callable[[], Callable]] = {"course.breaker": ours, "blog sketch": sketch}
     try:
         from purgatory import AsyncCircuitBreakerFactory
 
@@ -341,6 +351,76 @@ async def half_open_stampede(
         return service.count - before
 
 
+# ----------------------------------------------------------------------------- breakers per process
+
+
+async def per_process(
+    pods: int,
+    *,
+    rate: float = 20.0,
+    outage: tuple[float, float] = (5.0, 35.0),
+    duration: float = 40.0,
+    cooldown: float = 5.0,
+    window: int = 10,
+) -> dict:
+    """``pods`` replicas of a service, each with its own breaker for one dependency, as every
+    breaker library keeps it (in the process). Requests arrive at ``rate`` a second,
+    round-robin; the dependency answers 503 at once during ``outage``. Virtual time.
+
+    Returns how many calls reached the dependency before every breaker had opened, when
+    that was, and how many probes it got during the rest of the outage.
+    """
+    from course.kit.faults import DependencyError, VirtualClock
+
+    clock = VirtualClock(auto=False)
+    breakers = [CircuitBreaker(0.5, window, cooldown, clock=clock, name=f"pod {i}") for i in range(pods)]
+    seen = {"before_open": 0, "probes": 0, "all_open_at": None}
+
+    async def dependency() -> str:
+        if outage[0] <= clock() < outage[1]:
+            if seen["all_open_at"] is None:
+                seen["before_open"] += 1
+            else:
+                seen["probes"] += 1
+            raise DependencyError(503, "dependency down")
+        return "ok"
+
+    for i in range(int(duration * rate)):
+        clock.advance(max(0.0, i / rate - clock()))
+        try:
+            await breakers[i % pods].call(dependency)
+        except Exception:  # noqa: BLE001 - a fast 503 or the dependency's own: counted above
+            pass
+        if seen["all_open_at"] is None and all(b.state == OPEN for b in breakers):
+            seen["all_open_at"] = clock() - outage[0]
+    return {"pods": pods, **seen}
+
+
+def returning_callers(
+    rejected: int = 150, *, burst: float = 0.05, retry_after: float = 1.0, spread: float | None = None, seed: int = 1
+) -> list[float]:
+    """When do ``rejected`` callers, turned away within one ``burst`` (seconds) with the same
+    ``Retry-After``, come back? Each waits exactly that long (``spread=None``) or that long
+    plus a random share up to ``spread`` (:func:`course.retry.jitter_retry_after`)."""
+    from course.retry import jitter_retry_after
+
+    rng = random.Random(seed)
+    back = []
+    for _ in range(rejected):
+        turned_away = rng.random() * burst
+        wait = retry_after if spread is None else jitter_retry_after(retry_after, spread, rng.random)
+        back.append(turned_away + wait)
+    return back
+
+
+def peak(times: list[float], bucket: float = 0.05) -> int:
+    """The most arrivals in any ``bucket`` seconds."""
+    counts: dict[int, int] = {}
+    for t in times:
+        counts[int(t // bucket)] = counts.get(int(t // bucket), 0) + 1
+    return max(counts.values(), default=0)
+
+
 # ----------------------------------------------------------------------------- bulkheads: a flood on a live pool
 
 
@@ -391,11 +471,12 @@ async def pool_flood(
     if mode not in MODES:
         raise ValueError(f"mode is one of {MODES}")
     search_size = connections - payments_share
+    # pools of its own (fresh=True), closed at the end: a re-run holds no extra connections
     if mode == "pool per dependency":
-        pay_pool = await ns.pool(min_size=payments_share, max_size=payments_share)
-        search_pool = await ns.pool(min_size=search_size, max_size=search_size)
+        pay_pool = await ns.pool(min_size=payments_share, max_size=payments_share, fresh=True)
+        search_pool = await ns.pool(min_size=search_size, max_size=search_size, fresh=True)
     else:
-        pay_pool = search_pool = await ns.pool(min_size=connections, max_size=connections)
+        pay_pool = search_pool = await ns.pool(min_size=connections, max_size=connections, fresh=True)
     guard_search = guard_pay = None
     if mode == "shared pool + bulkheads":
         guard_search = Bulkhead(search_size, max_queue=search_size, name="search")

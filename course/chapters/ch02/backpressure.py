@@ -14,6 +14,8 @@ buffer holds:
   service, where a blocked handler would still hold a connection while the client times out;
 - ``shed``: like ``reject``, but once the queue is half full the least valuable work
   (analytics) is turned away first, so payments still get in.
+
+The bounded modes go through :func:`course.bulkhead.offer`, the pattern itself.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import tracemalloc
 from dataclasses import dataclass, field
+
+from course.bulkhead import offer
 
 MODES = ("unbounded", "block", "reject", "shed")
 
@@ -86,15 +90,10 @@ async def run_pipeline(
                 kind = "payment" if rng.random() < payment_share else "analytics"
                 run.offered[kind] += 1
                 item = (kind, clock(), bytearray(payload))
-                if mode in ("unbounded", "block"):
-                    await queue.put(item)  # never waits when unbounded
-                elif mode == "shed" and kind == "analytics" and queue.qsize() >= maxsize // 2:
-                    continue  # shed the least valuable work first
-                else:
-                    try:
-                        queue.put_nowait(item)
-                    except asyncio.QueueFull:
-                        continue  # at the edge this is a 503 with Retry-After
+                if mode == "unbounded":
+                    queue.put_nowait(item)  # never full, never says no
+                elif not await offer(queue, item, mode=mode, low_value=kind == "analytics"):
+                    continue  # at the edge this is a 503 with Retry-After
                 run.accepted[kind] += 1
             await clock.sleep(tick)
         run.producer_finished_at = clock()
