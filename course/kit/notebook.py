@@ -69,10 +69,15 @@ def try_it():
 
 
 def _handler(shell, etype, value, tb, tb_offset=None):
+    # IPython calls a custom handler instead of showing the error and drops what it returns
+    # (``run_code``: ``self.CustomTB(etype, value, tb)``), so the handler shows it itself.
     where = not_done(value)
     if where is None:
-        return shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
-    return [message(where)]  # the error output shows this one line
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return []
+    stb = [message(where)]  # the error output shows this one line
+    shell._showtraceback(etype, value, stb)
+    return stb
 
 
 _installed = False
