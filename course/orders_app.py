@@ -53,7 +53,7 @@ def make_app(
     pool=None,
     database_url: str | None = None,
     charge_for_key: Callable[[str], Callable[[str, int], Awaitable[str]]] | None = None,
-    pool_size: int = 10,
+    pool_size: int = 5,
 ):
     """The Starlette app in front of ``create_order(pool, key, body, charge)``.
 
@@ -109,7 +109,10 @@ def make_app(
             return
         from psycopg_pool import AsyncConnectionPool
 
-        own = AsyncConnectionPool(database_url, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=False)
+        # a fixed size: the service holds the same connections however long it runs
+        own = AsyncConnectionPool(
+            database_url, min_size=pool_size, max_size=pool_size, kwargs={"autocommit": True}, open=False
+        )
         await own.open(wait=True)
         state["pool"] = own
         try:

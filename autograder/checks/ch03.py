@@ -276,11 +276,9 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
 
     # --- ten concurrent calls with one key, on two replicas ----------------------------------
     replicas = r.replicas("create_order", REPLICAS)
-    r.note(
-        "10 concurrent calls with key 'key-race' and one body, alternating between two replicas of your "
-        "create_order (two copies that share no module state, as two processes of the service); a caller that "
-        "gets RequestInProgress retries with backoff (chapter 01's with_retry on a virtual clock)"
-    )
+    r.note("10 concurrent calls with key 'key-race', alternating between two replicas of create_order")
+    r.note("(two copies of your answer cell sharing no module state, as two processes of the service);")
+    r.note("a caller that gets RequestInProgress retries with backoff (chapter 01's with_retry, virtual clock)")
     crowd = Crowd(10, watcher)
     card = CheckCard(crowd)
     body = {"customer": "grace", "amount_cents": 4200}
@@ -579,11 +577,9 @@ async def _check_consume(r: Report, consume, pool, watcher, ns) -> None:
         return await replicas[next(turn) % REPLICAS](pool, event)
 
     event = {"event_id": "evt-5x", "account_id": 2, "amount_cents": 1500}
-    r.note(
-        f"{event} delivered 5 times at once to two replicas of your consumer (copies that share no module "
-        "state, as two processes); the check holds account 2's row until every delivery is blocked, done or "
-        "waiting on a lock; a delivery that raises is redelivered"
-    )
+    r.note(f"{event} delivered 5 times at once to two replicas of your consumer")
+    r.note("(copies of your answer cell sharing no module state); account 2's row is held until every delivery")
+    r.note("is blocked, done or waiting on a lock; a delivery that raises is redelivered")
     crowd, failed, errors = await _crowd_deliveries(on_replicas, pool, watcher, ns, [event] * 5, [2])
     for e in failed:
         ok, log = await _redeliver(consume, pool, e)

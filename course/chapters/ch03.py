@@ -83,6 +83,16 @@ async def setup_demo_tables(pool) -> None:
         await conn.execute(DEMO_SCHEMA)
 
 
+async def reset_demo(pool) -> None:
+    """Empty the tables the demos write (keys, orders, charges, events, accounts), ids from 1 again,
+    so a notebook run shows the same rows however often it runs in one kernel."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "TRUNCATE ch03_charges, ch03_invoices, client_orders, idempotency_keys, orders, processed_events, "
+            "accounts RESTART IDENTITY"
+        )
+
+
 # ----------------------------------------------------------------------------- the side effect
 
 
