@@ -17,7 +17,9 @@ never has to trust the code it measures:
 Then the experiments: :func:`stampede` and :func:`steady_traffic` (one process; a
 :class:`Run` each, drawn by :func:`plot_runs`), :func:`penetration`, the avalanche
 helpers, :func:`prewarm` and :func:`read_then_set_race`. The ones that need other
-processes (a fleet of workers, a crash) are in :mod:`course.chapters.ch04.processes`.
+processes (a fleet of workers, a crash) are in :mod:`course.chapters.ch04.processes`; the
+ones around an outage (fencing tokens, stale-if-error, a cold restart) in
+:mod:`course.chapters.ch04.outages`.
 """
 
 from __future__ import annotations
@@ -264,9 +266,11 @@ class Run:
         return max(self.latencies_ms) if self.latencies_ms else math.nan
 
     def __str__(self) -> str:
+        queries = f"{self.queries:>3} quer{'y  ' if self.queries == 1 else 'ies'}"
+        note = f"  ({self.note})" if self.note else ""
         return (
-            f"{self.name:<34} {self.queries:>3} quer{'y  ' if self.queries == 1 else 'ies'}, latency p50 {self.p50:7.1f} ms, "
-            f"max {self.worst:7.1f} ms, {len(self.latencies_ms)} requests{'  (' + self.note + ')' if self.note else ''}"
+            f"{self.name:<32}{queries}  p50 {self.p50:6.1f} ms  max {self.worst:6.1f} ms  "
+            f"{len(self.latencies_ms)} requests{note}"
         )
 
 
@@ -466,11 +470,13 @@ async def read_then_set_race(
 
     - ``"none"``: the writer deletes; the reader's late SET puts the old row back for the whole TTL;
     - ``"versioned"``: both sides write through :data:`VERSIONED_SET_LUA`; the older version is refused;
+    - ``"versioned, evicted"``: the same, but the newer entry is evicted (or expires) before the late
+      fill: nothing is left to compare with, so the older version is stored;
     - ``"double-delete"``: the writer deletes, and again ``second_delete_after`` seconds later;
     - ``"double-delete, slow reader"``: the reader fills after the second delete too: stale again.
     """
     key = f"race:product:{product_id}"
-    versioned = fix == "versioned"
+    versioned = fix.startswith("versioned")
     await redis.delete(key)
     res = RaceResult(fix)
     loaded, invalidated, second_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -503,6 +509,9 @@ async def read_then_set_race(
         if versioned:
             await versioned_set(redis, key, new["version"], new, ttl)
             note(f"writer: versioned write of version {new['version']}")
+            if fix == "versioned, evicted":
+                await redis.delete(key)
+                note(f"the entry of version {new['version']} is evicted (memory pressure) or expires")
         else:
             await redis.delete(key)
             note("writer: DEL after commit")
