@@ -209,6 +209,9 @@ async def _check_get_cached(r: Report, get_cached, pool, redis, prefix: str) -> 
     # 1. a stampede on a missing key ------------------------------------------------------
     got = await burst(50, lambda: get_cached(redis, hot, TTL, src.loader(hot)))
     errors = [x for x in got if isinstance(x, BaseException)]
+    stubs = [x for x in errors if isinstance(x, NotImplementedError)]
+    if stubs and len(stubs) == len(got):
+        raise stubs[0]  # the answer is still the stub: the harness says "not done yet" in one line
     r.expect(
         not errors,
         "50 concurrent calls on an empty cache all returned",

@@ -112,6 +112,14 @@ async def setup_catalog(pool, products: int = 100) -> None:
         )
 
 
+async def reset_catalog(pool) -> None:
+    """Prices and versions back to where :func:`setup_catalog` left them, the query log empty:
+    a notebook run shows the same numbers however often it runs in one kernel."""
+    async with pool.connection() as conn:
+        await conn.execute("UPDATE ch04_products SET price_cents = 100 * id, version = 1")
+        await conn.execute("TRUNCATE ch04_query_log")
+
+
 def _user_row(i: int) -> tuple[int, str, str]:
     return i, f"user {i}", f"user{i}@example.com"
 
@@ -362,6 +370,37 @@ async def steady_traffic(
     run.expiries, run.load_ms = elapsed / ttl, load_seconds * 1000
     run.blocked = (cache.waited if early else cache.misses) - warm_waits
     return run, sorted(points)
+
+
+async def cancel_a_waiter(pool, *, shielded: bool, waiters: int = 10, load_seconds: float = 0.1) -> tuple[Counter, int]:
+    """``waiters`` callers share one load of a product; the first is cancelled halfway through it.
+
+    The callers await the shared task directly, or through ``asyncio.shield``. Returns what the
+    other callers got (a Counter of outcomes) and how many loads ran to the end.
+    """
+    finished = 0
+    shared: asyncio.Task | None = None
+
+    async def load() -> dict | None:
+        nonlocal finished
+        row = await load_product(pool, 4, load_seconds)
+        finished += 1
+        return row
+
+    async def get() -> Any:
+        nonlocal shared
+        if shared is None:
+            shared = asyncio.ensure_future(load())
+        return await (asyncio.shield(shared) if shielded else shared)
+
+    callers = [asyncio.ensure_future(get()) for _ in range(waiters)]
+    await asyncio.sleep(load_seconds / 2)
+    callers[0].cancel()  # its client hung up
+    got = await asyncio.gather(*callers, return_exceptions=True)
+    if shared is not None:
+        await asyncio.gather(shared, return_exceptions=True)
+    outcomes = Counter(type(x).__name__ if isinstance(x, BaseException) else "the product" for x in got[1:])
+    return outcomes, finished
 
 
 # ============================================================================ penetration

@@ -88,8 +88,8 @@ async def fencing_demo(redis, pool, *, fenced: bool, lock_ttl: float = 0.2) -> F
         note(f"client 1 takes the lock (token {lock.fence}, expires in {lock_ttl * 1000:.0f} ms), then pauses")
         await second_wrote.wait()  # the pause outlives the lock
         ok = await write("client 1", lock.fence)
-        verdict = "accepted" if ok else "REFUSED, token too old"
-        note(f"client 1 wakes up, believes it still holds the lock, writes with token {lock.fence}: {verdict}")
+        verdict = "accepted" if ok else "REFUSED (token too old)"
+        note(f"client 1 wakes, still believes it holds the lock, writes with token {lock.fence}: {verdict}")
 
     async def client_2() -> None:
         while await redis.exists(name):  # wait for client 1's lock to expire
@@ -124,8 +124,8 @@ class OutageRun:
 
     def __str__(self) -> str:
         return (
-            f"{self.name:34} {self.answered:>3} answered ({self.stale_answers} with the old value), "
-            f"{self.errors:>3} errors; the database was tried {self.attempts}x, breaker {self.breaker}"
+            f"{self.name:30}{self.answered:>3} answered ({self.stale_answers} with the old value), "
+            f"{self.errors:>2} errors; database tried {self.attempts}x, breaker {self.breaker}"
         )
 
 
