@@ -495,6 +495,8 @@ class Crowd:
                         self.state[i] = "calling"
                 self.clock.advance(max(0.0, t - self.clock()))
         return await asyncio.gather(*tasks, return_exceptions=True)
+
+
 # ----------------------------------------------------------------------------- watching a learner's Redis traffic
 
 #: ``await hook(commands, send)``: ``commands`` are the argument tuples sent in one round trip

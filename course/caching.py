@@ -215,24 +215,48 @@ return 0
 """
 
 
+ACQUIRE_FENCED_LUA = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return redis.call('INCR', KEYS[2])
+end
+return 0
+"""
+
+
 class RedisLock:
     """A lock across processes: ``SET name token NX PX ttl``, released only by its holder.
 
     The expiry means a holder that dies cannot block everyone forever; the random token
     and the compare-and-delete script mean a holder whose lock already expired (and was
     taken by someone else) cannot delete the new holder's lock.
+
+    With ``fencing=True`` each acquisition also gets a **fencing token**, a number that
+    grows with every acquisition (``INCR`` in the same script), in ``self.fence``. The
+    lock alone cannot stop a holder that paused past its expiry from writing; the storage
+    can, if it refuses a write whose token is older than the newest it has seen
+    (Kleppmann, "How to do distributed locking", 2016).
     """
 
-    def __init__(self, redis, name: str, ttl: float = 5.0) -> None:
+    def __init__(self, redis, name: str, ttl: float = 5.0, *, fencing: bool = False) -> None:
         self.redis = redis
         self.name = name
         self.ttl = ttl
+        self.fencing = fencing
         self.token: str | None = None
+        self.fence: int | None = None
         self._release = redis.register_script(RELEASE_LUA)
+        self._acquire_fenced = redis.register_script(ACQUIRE_FENCED_LUA) if fencing else None
 
     async def acquire(self) -> bool:
         token = secrets.token_hex(16)
-        if await self.redis.set(self.name, token, nx=True, px=max(1, int(self.ttl * 1000))):
+        ttl_ms = max(1, int(self.ttl * 1000))
+        if self._acquire_fenced is not None:
+            fence = int(await self._acquire_fenced(keys=[self.name, f"{self.name}:fence"], args=[token, ttl_ms]))
+            if fence:
+                self.token, self.fence = token, fence
+                return True
+            return False
+        if await self.redis.set(self.name, token, nx=True, px=ttl_ms):
             self.token = token
             return True
         return False
@@ -288,12 +312,16 @@ async def get_with_lock(
 
 
 class ServeStale:
-    """Stale-while-revalidate: past its fresh time a value is still served while one refresh runs behind.
+    """Stale-while-revalidate, and stale-if-error: a stale value beats an error.
 
-    Redis holds ``{"v": value, "fresh_until": t}`` for ``fresh + stale`` seconds. A stale hit
-    answers at once and starts a background refresh, single-flighted in this process and
-    guarded by a Redis lock across processes. Only a cold key (or one past ``fresh + stale``)
-    makes a caller wait for the database.
+    Redis holds ``{"v": value, "fresh_until": t, "stale_until": t2}``. Past ``fresh`` seconds
+    a hit still answers at once and starts a background refresh (single-flighted in this
+    process, guarded by a Redis lock across processes); a refresh that fails leaves the
+    old value in place. Past ``fresh + stale`` the caller waits for a load, but for another
+    ``stale_if_error`` seconds the entry is kept, and a load that fails (the database is
+    down, or its circuit breaker is open) answers with the old value instead of an error.
+    HTTP caches name the same two behaviours ``stale-while-revalidate`` and
+    ``stale-if-error`` (RFC 5861). Only a cold key makes a failed load reach the caller.
     """
 
     def __init__(
@@ -302,33 +330,46 @@ class ServeStale:
         *,
         fresh: float = 60.0,
         stale: float = 600.0,
+        stale_if_error: float = 0.0,
         lock_ttl: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.redis = redis
         self.fresh = fresh
         self.stale = stale
+        self.stale_if_error = stale_if_error
         self.lock_ttl = lock_ttl
         self.clock = clock
         self.flight = SingleFlight()
         self._refreshing: dict[str, asyncio.Task] = {}
         self.stale_hits = 0
+        self.served_on_error = 0  # answers that were an old value because the load failed
         self.refresh_errors: list[BaseException] = []
 
     async def get(self, key: str, loader: Loader) -> Any:
         raw = await self.redis.get(key)
-        if raw is not None:
-            entry = json.loads(raw)
-            if self.clock() >= entry["fresh_until"]:
-                self.stale_hits += 1
-                self._refresh_later(key, loader)
+        if raw is None:
+            return await self.flight.do(key, lambda: self._fill(key, loader))
+        entry = json.loads(raw)
+        now = self.clock()
+        if now < entry["fresh_until"]:
             return entry["v"]
-        return await self.flight.do(key, lambda: self._fill(key, loader))
+        if now < entry.get("stale_until", math.inf):
+            self.stale_hits += 1
+            self._refresh_later(key, loader)
+            return entry["v"]
+        try:  # too old to serve without trying, kept only in case the load fails
+            return await self.flight.do(key, lambda: self._fill(key, loader))
+        except Exception as err:  # noqa: BLE001 - stale-if-error: the old value beats an error
+            self.served_on_error += 1
+            self.refresh_errors.append(err)
+            return entry["v"]
 
     async def _fill(self, key: str, loader: Loader) -> Any:
         value = await loader()
-        entry = {"v": value, "fresh_until": self.clock() + self.fresh}
-        await self.redis.set(key, to_json(entry), px=jittered_ms(self.fresh + self.stale))
+        now = self.clock()
+        entry = {"v": value, "fresh_until": now + self.fresh, "stale_until": now + self.fresh + self.stale}
+        await self.redis.set(key, to_json(entry), px=jittered_ms(self.fresh + self.stale + self.stale_if_error))
         return value
 
     def _refresh_later(self, key: str, loader: Loader) -> None:
@@ -354,12 +395,15 @@ class ServeStale:
         while self._refreshing:
             await asyncio.gather(*list(self._refreshing.values()), return_exceptions=True)
 
-    async def mark_stale(self, key: str) -> None:
-        """Demo helper: make a cached value stale now, as if ``fresh`` seconds had passed."""
+    async def mark_stale(self, key: str, *, past_stale: bool = False) -> None:
+        """Demo helper: make a cached value stale now, as if ``fresh`` seconds had passed
+        (``past_stale``: as if ``fresh + stale`` had passed, leaving only stale-if-error)."""
         raw = await self.redis.get(key)
         if raw is not None:
             entry = json.loads(raw)
             entry["fresh_until"] = self.clock() - 1
+            if past_stale:
+                entry["stale_until"] = self.clock() - 1
             await self.redis.set(key, to_json(entry), keepttl=True)
 
 
@@ -479,6 +523,9 @@ class LocalLRU:
     def pop(self, key: str) -> None:
         self._data.pop(key, None)
 
+    def clear(self) -> None:
+        self._data.clear()
+
     def __len__(self) -> int:
         return len(self._data)
 
@@ -486,39 +533,87 @@ class LocalLRU:
         return self.get(key) is not MISSING
 
 
+def _pubsub_telling(redis, on_reconnect: Callable[[], None]):
+    """``redis.pubsub()`` whose automatic reconnects (redis-py resubscribes by itself) call ``on_reconnect``."""
+    from redis.asyncio.client import PubSub
+
+    class TellingPubSub(PubSub):
+        async def on_connect(self, connection) -> None:
+            await super().on_connect(connection)
+            on_reconnect()
+
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.__class__ = TellingPubSub
+    return pubsub
+
+
 class NearCache:
     """A pod's two-level cache: a :class:`LocalLRU` in front of Redis, emptied by pub/sub invalidations.
 
-    Pub/sub is fire-and-forget: a pod that is reconnecting when an invalidation is
-    published never gets it. The local TTL is what bounds how long that pod stays wrong.
+    Pub/sub is fire-and-forget: a pod whose subscription is down when an invalidation is
+    published never gets it. So, as the Redis docs ask of client-side caches, the pod
+    **flushes its local cache whenever it (re)subscribes**: nothing it cached before
+    can be trusted, because an invalidation of it may have been missed. redis-py
+    reconnects a pub/sub connection by itself; the hook on that reconnect flushes too.
+    What remains is the time a pod is cut off without knowing it yet: the local TTL is
+    what bounds that. ``flush_on_subscribe=False`` is the common mistake, kept for the demo.
     """
 
-    def __init__(self, redis, channel: str, local: LocalLRU, *, name: str = "pod", ttl: float = 300.0) -> None:
+    def __init__(
+        self,
+        redis,
+        channel: str,
+        local: LocalLRU,
+        *,
+        name: str = "pod",
+        ttl: float = 300.0,
+        flush_on_subscribe: bool = True,
+        retry_every: float = 0.5,
+    ) -> None:
         self.redis = redis
         self.channel = channel
         self.local = local
         self.name = name
         self.shared = CacheAside(redis, ttl=ttl)
         self.flight = SingleFlight()
+        self.flush_on_subscribe = flush_on_subscribe
+        self.retry_every = retry_every
+        self.subscribes = 0  # first subscription and every reconnect
         self.received: list[str] = []
         self._pubsub = None
         self._listener: asyncio.Task | None = None
         self._seen: dict[str, asyncio.Event] = {}
 
+    def _subscribed(self) -> None:
+        self.subscribes += 1
+        if self.flush_on_subscribe:
+            self.local.clear()  # invalidations sent while we were not subscribed are lost: trust nothing
+
     async def start(self) -> NearCache:
-        self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        await self._pubsub.subscribe(self.channel)
-        self._listener = asyncio.get_running_loop().create_task(self._listen(self._pubsub))
+        pubsub = _pubsub_telling(self.redis, self._subscribed)
+        await pubsub.subscribe(self.channel)
+        self._subscribed()
+        self._pubsub = pubsub
+        self._listener = asyncio.get_running_loop().create_task(self._listen(pubsub))
         return self
 
     async def _listen(self, pubsub) -> None:
-        async for message in pubsub.listen():
-            if message.get("type") != "message":
-                continue
-            key = message["data"]
-            self.local.pop(key)
-            self.received.append(key)
-            self._seen.setdefault(key, asyncio.Event()).set()
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        while True:
+            try:
+                async for message in pubsub.listen():
+                    if message.get("type") != "message":
+                        continue
+                    key = message["data"]
+                    self.local.pop(key)
+                    self.received.append(key)
+                    self._seen.setdefault(key, asyncio.Event()).set()
+                return  # unsubscribed
+            except (RedisConnectionError, ConnectionError, OSError):
+                if self.flush_on_subscribe:
+                    self.local.clear()  # cut off: whatever we hold may be stale already
+                await asyncio.sleep(self.retry_every)  # the next listen() reconnects and resubscribes
 
     async def stop(self) -> None:
         """Stop listening (a pod restarting or reconnecting): invalidations published now are lost."""

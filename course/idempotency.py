@@ -11,10 +11,15 @@ A retried request must not charge the card twice. The chapter's reference design
 
 Every other caller with that key gets the stored response, :class:`RequestInProgress`
 (409) while the first is still running, or :class:`IdempotencyKeyReused` (422) when
-the body differs (a request hash is compared). A failed charge deletes the claim so
-the client can retry; :func:`reap_pending` re-drives claims left pending by a crash,
-passing the same key to the payment provider; :func:`purge_expired` deletes old keys
-in batches.
+the body differs (a request hash is compared).
+
+A failed charge is handled by what we *know* about it. A :class:`ChargeDeclined` (the
+provider answered that it did not charge: a declined card, a refused request) is
+certain: the claim is deleted so the client can try again. Anything else (a timeout, a
+reset connection, a 5xx) is uncertain: the money may have moved, so the claim stays
+``pending`` and callers get 409 until :func:`reap_pending` re-drives it with the same
+key sent to the provider (which answers with the charge it already made, if any).
+:func:`purge_expired` deletes old keys in batches.
 
 Queue consumers get the same treatment: :func:`consume_payment_event` records the
 event id with ``ON CONFLICT DO NOTHING`` in the transaction that credits the account.
@@ -113,11 +118,25 @@ class RequestInProgress(IdempotencyError):
 
 
 class ProviderError(Exception):
-    """The payment provider failed (``status`` 5xx: nothing was charged, or we cannot tell)."""
+    """The payment provider failed and we cannot tell whether it charged (a 5xx, a 409 "in flight").
+
+    Uncertain: the charge may have gone through. Never release the claim on this; let the
+    reaper finish the request with the same provider key.
+    """
 
     def __init__(self, status: int = 503, message: str | None = None) -> None:
         super().__init__(message or f"payment provider answered {status}")
         self.status = status
+
+
+class ChargeDeclined(ProviderError):
+    """The provider answered that it did **not** charge (a declined card, 402; a refused request, 4xx).
+
+    Certain: no money moved and none will. Safe to release the claim.
+    """
+
+    def __init__(self, status: int = 402, message: str | None = None) -> None:
+        super().__init__(status, message or f"the card was declined ({status})")
 
 
 class SimulatedCrash(BaseException):
@@ -125,8 +144,15 @@ class SimulatedCrash(BaseException):
 
 
 def retry_in_progress(err: BaseException) -> bool:
-    """Chapter 01's classification plus 409: worth another try when the first request is still running."""
-    return isinstance(err, RequestInProgress) or status_of(err) == 409 or is_retryable(err)
+    """Chapter 01's classification plus 409: worth another try when the first request is still running.
+
+    The request is keyed, so retrying an uncertain failure is safe here; a declined charge
+    (402) and 501 (not implemented) are answers, never retried.
+    """
+    status = status_of(err)
+    if isinstance(err, ChargeDeclined) or status in (402, 501, 505):
+        return False
+    return isinstance(err, RequestInProgress) or status == 409 or is_retryable(err)
 
 
 async def call_with_retry(
@@ -238,15 +264,22 @@ async def finish_order(pool, key: str, body: dict, charge_id: str | None) -> dic
 
 
 async def create_order(pool, idempotency_key: str, body: dict, charge) -> dict:
-    """Create one order per key: claim the key, charge once, store and return the response."""
+    """Create one order per key: claim the key, charge once, store and return the response.
+
+    A declined charge (certain: nothing was charged) releases the key, so the client may
+    try again. Any other failure (a timeout, a reset, a 5xx: the charge may have gone
+    through) keeps the key ``pending``: repeats get 409 until :func:`reap_pending` finishes
+    the request with the provider's idempotency key. Either way the error reaches the caller.
+    """
     req_hash = request_hash(body)
     if not await claim(pool, idempotency_key, req_hash, body):
         return await stored_response(pool, idempotency_key, req_hash)
     try:
         charge_id = await charge(body["customer"], body["amount_cents"])
-    except Exception:
-        await release(pool, idempotency_key)
+    except ChargeDeclined:
+        await release(pool, idempotency_key)  # certain: no money moved
         raise
+    # any other exception propagates with the claim still pending: uncertain, the reaper decides
     return await finish_order(pool, idempotency_key, body, charge_id)
 
 
@@ -289,13 +322,15 @@ async def reap_pending(
     as_of: datetime | None = None,
     limit: int = 100,
 ) -> list[str]:
-    """Re-drive claims stuck in ``pending`` longer than ``older_than`` seconds (a crash left them).
+    """Re-drive claims stuck in ``pending`` longer than ``older_than`` seconds.
 
-    Each row is leased first (``updated_at`` bumped under ``FOR UPDATE SKIP LOCKED``, so two
+    A crash, or an uncertain failure of the charge (a timeout, a 5xx), left them there. Each
+    row is leased first (``updated_at`` bumped under ``FOR UPDATE SKIP LOCKED``, so two
     reapers never take the same row), then charged **with the same idempotency key** (the
     provider answers with the charge it already made, if any) and finished like a request.
-    ``as_of`` pretends the reaper runs at that time (defaults to the database's now()).
-    Returns the keys it finished.
+    A declined charge releases the key; a charge that is still uncertain stays pending and
+    a later pass (after ``older_than`` again) retries it. ``as_of`` pretends the reaper runs
+    at that time (defaults to the database's now()). Returns the keys it finished.
     """
     async with pool.connection() as conn:
         cur = await conn.execute(
@@ -318,18 +353,34 @@ async def reap_pending(
         if request is None:  # nothing to re-drive with: let the client retry
             await release(pool, key)
             continue
-        charge_id = await charge_with_key(request["customer"], request["amount_cents"], key)
+        try:
+            charge_id = await charge_with_key(request["customer"], request["amount_cents"], key)
+        except ChargeDeclined:
+            await release(pool, key)  # certain: the provider did not charge
+            continue
+        except Exception:  # noqa: BLE001 - still uncertain: the lease runs out and a later pass tries again
+            continue
         await finish_order(pool, key, request, charge_id)
         done.append(key)
     return done
 
 
 async def purge_expired(
-    pool, *, retention: timedelta = timedelta(hours=24), batch: int = 1000, as_of: datetime | None = None
+    pool,
+    *,
+    retention: timedelta = timedelta(hours=24),
+    batch: int = 1000,
+    as_of: datetime | None = None,
+    pause: float = 0.0,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> list[int]:
     """Delete finished keys older than ``retention`` in batches of ``batch``; rows deleted per batch.
 
-    Small batches keep each DELETE's locks and WAL short, so the purge never stalls requests.
+    Each batch is its own short transaction (the pool is autocommit). A DELETE locks only the
+    rows it deletes, so one huge DELETE would not block other keys; what it costs is one long
+    transaction, which holds back VACUUM for the whole database while it runs, and one burst
+    of WAL that replicas must replay (replica lag). ``pause`` seconds between batches let
+    replicas catch up. ``SKIP LOCKED`` steps over rows another purge is deleting.
     """
     counts = []
     while True:
@@ -347,3 +398,5 @@ async def purge_expired(
             counts.append(cur.rowcount)
         if cur.rowcount < batch:
             return counts
+        if pause:
+            await sleep(pause)

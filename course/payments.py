@@ -8,12 +8,14 @@ card APIs learners will meet (Stripe's among them):
 - with an ``Idempotency-Key`` header, a repeat of a finished request is answered from the
   provider's own record (header ``Idempotent-Replayed: true``) and charges nothing; a
   repeat while the first is still running gets 409; the same key with other parameters
-  gets 422;
+  gets 422. Like Stripe, it stores the *result* of the first request, errors included: a
+  declined card (402) is replayed to a retry with the same key, not attempted again;
 - ``GET /v1/charges`` lists what was charged: the card statement.
 
 Faults, set from the test or notebook: :meth:`PaymentProvider.drop_responses` charges and
 then resets the connection before answering (the caller cannot tell whether money moved),
-:meth:`PaymentProvider.fail_next` answers 503 without charging.
+:meth:`PaymentProvider.fail_next` answers 503 without charging, :meth:`PaymentProvider.decline_next`
+declines the next cards (402, stored under the key like a success).
 
     with PaymentProvider() as provider:
         client = PaymentsClient(provider.url)
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from course.idempotency import ProviderError
+from course.idempotency import ChargeDeclined, ProviderError
 from course.kit.faults import HTTPRequest, LocalHTTPServer, Reply
 
 
@@ -56,10 +58,12 @@ class PaymentProvider(LocalHTTPServer):
         self.latency = latency
         self.charges: list[ProviderCharge] = []
         self.requests = 0
+        self.attempts = 0  # charges tried at the card network (declines included, replays not)
         self.replayed = 0
         self._by_key: dict[str, tuple[dict, int, dict] | None] = {}  # key -> (params, status, body) or None
         self._drop = 0
         self._fail = 0
+        self._decline = 0
         self._lock = threading.Lock()
 
     # faults -------------------------------------------------------------------
@@ -70,6 +74,10 @@ class PaymentProvider(LocalHTTPServer):
     def fail_next(self, n: int = 1) -> None:
         """The next ``n`` requests get 503 and charge nothing."""
         self._fail = n
+
+    def decline_next(self, n: int = 1) -> None:
+        """The next ``n`` charges are declined by the card network (402 ``card_declined``)."""
+        self._decline = n
 
     def statement(self) -> list[tuple[str, str, int, str | None]]:
         return [(c.id, c.customer, c.amount_cents, c.idempotency_key) for c in self.charges]
@@ -97,6 +105,13 @@ class PaymentProvider(LocalHTTPServer):
                 self._by_key[key] = None  # in flight
         await asyncio.sleep(self.latency)
         with self._lock:
+            self.attempts += 1
+            if self._decline > 0:
+                self._decline -= 1
+                body = {"error": "card_declined", "message": "Your card was declined."}
+                if key is not None:
+                    self._by_key[key] = (params, 402, body)  # the error is the result: replayed, not retried
+                return 402, body, {}, False
             charge = ProviderCharge(
                 f"ch_{len(self.charges) + 1:05d}", params["customer"], params["amount_cents"], key, time.monotonic()
             )
@@ -131,8 +146,11 @@ class PaymentProvider(LocalHTTPServer):
 class PaymentsClient:
     """An async client of the provider: ``await client.charge(customer, cents, idempotency_key=...)``.
 
-    Returns the charge id. A 4xx/5xx answer raises :class:`course.idempotency.ProviderError`
-    with its status; a dropped connection raises ``httpx.TransportError`` (outcome unknown).
+    Returns the charge id. A 4xx answer other than 409 raises
+    :class:`course.idempotency.ChargeDeclined` (certain: nothing was charged); a 409 (the
+    first request with this key is still running) or a 5xx raises
+    :class:`course.idempotency.ProviderError` (uncertain); a dropped connection raises
+    ``httpx.TransportError`` (outcome unknown).
     """
 
     def __init__(self, base_url: str, *, timeout: float = 2.0) -> None:
@@ -145,6 +163,8 @@ class PaymentsClient:
             resp = await http.post(
                 "/v1/charges", json={"customer": customer, "amount_cents": amount_cents}, headers=headers
             )
+        if 400 <= resp.status_code < 500 and resp.status_code != 409:
+            raise ChargeDeclined(resp.status_code, f"provider answered {resp.status_code}: {resp.text}")
         if resp.status_code >= 400:
             raise ProviderError(resp.status_code, f"provider answered {resp.status_code}: {resp.text}")
         return resp.json()["id"]

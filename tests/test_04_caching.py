@@ -10,7 +10,7 @@ import pytest
 
 from course import caching
 from course.chapters import ch04
-from course.chapters.ch04 import processes
+from course.chapters.ch04 import outages, processes
 from course.kit.faults import VirtualClock
 
 
@@ -214,6 +214,40 @@ async def test_readers_that_draw_an_early_refresh_while_one_runs_get_the_cached_
 # ---------------------------------------------------------------------------- locks
 
 
+async def test_fencing_tokens_grow_with_every_acquisition_and_only_on_success(ans):
+    redis = ans.redis()
+    first = caching.RedisLock(redis, "lock:f", ttl=5, fencing=True)
+    second = caching.RedisLock(redis, "lock:f", ttl=5, fencing=True)
+    assert await first.acquire() and first.fence == 1
+    assert not await second.acquire() and second.fence is None
+    await first.release()
+    assert await second.acquire() and second.fence == 2
+
+
+async def test_the_storage_refuses_a_paused_holders_write_only_with_fencing(ans):
+    pool, redis = await _catalog(ans)
+    plain = await outages.fencing_demo(redis, pool, fenced=False, lock_ttl=0.05)
+    fenced = await outages.fencing_demo(redis, pool, fenced=True, lock_ttl=0.05)
+    assert plain.written_by == "client 1" and fenced.written_by == "client 2"
+    assert "REFUSED" in fenced.steps[-1]
+
+
+async def test_stale_if_error_answers_with_the_old_value_while_the_database_is_down(ans):
+    pool, redis = await _catalog(ans)
+    plain, stale = await outages.stale_if_error_demo(pool, redis, ans.database_url, requests=60)
+    assert plain.errors == 60 and plain.answered == 0
+    assert stale.answered == 60 and stale.stale_answers == 60 and stale.errors == 0
+    assert stale.breaker == "open" and stale.attempts <= 4  # the breaker stops the attempts
+
+
+async def test_a_cold_restart_sends_each_hot_key_to_the_database_and_a_prewarm_takes_them_first(ans):
+    pool, redis = await _catalog(ans)
+    cold = await outages.cold_restart(pool, redis, range(1, 9), warm=False, waves=2, load_seconds=0)
+    warm = await outages.cold_restart(pool, redis, range(1, 9), warm=True, waves=2, load_seconds=0, concurrency=3)
+    assert cold.traffic_queries == 8 and warm.traffic_queries == 0
+    assert warm.prewarm_queries == 8 and warm.prewarm_peak <= 3
+
+
 async def test_only_the_holder_can_release_a_redis_lock(ans):
     redis = ans.redis()
     mine = caching.RedisLock(redis, "lock:x", ttl=5)
@@ -317,6 +351,12 @@ async def test_delayed_double_delete_misses_a_reader_slower_than_the_delay(ans):
     assert res.stale
 
 
+async def test_versioned_writes_reopen_the_race_once_the_newer_entry_is_gone(ans):
+    pool, redis = await _catalog(ans)
+    res = await ch04.read_then_set_race(redis, pool, 5, fix="versioned, evicted")
+    assert res.stale and any("stored" in s for s in res.steps)
+
+
 async def test_versioned_set_keeps_the_newest_version(ans):
     redis = ans.redis()
     assert await caching.versioned_set(redis, "v", 2, {"p": 2})
@@ -355,13 +395,52 @@ async def test_pub_sub_invalidates_other_pods_but_a_reconnecting_pod_misses_it(a
         assert "product:1" not in b.local
 
         await b.get("product:1", loader)
-        await b.stop()  # reconnecting
+        await b.stop()  # cut off
         assert await a.invalidate("product:1") == 1
-        assert "product:1" in b.local  # missed it: stale until the local TTL
+        assert "product:1" in b.local  # missed it: stale while it does not know
         clock.advance(10)
-        assert "product:1" not in b.local
+        assert "product:1" not in b.local  # ... until the local TTL
     finally:
         await a.stop()
+        await b.stop()
+
+
+@pytest.mark.parametrize("flush", [True, False])
+async def test_a_near_cache_that_subscribes_again_flushes_what_it_held(ans, flush):
+    pool, redis = await _catalog(ans)
+    clock = VirtualClock()
+    channel = ans.key_prefix + "invalidate-flush"
+    a = await caching.NearCache(redis, channel, caching.LocalLRU(ttl=10, clock=clock), name="a").start()
+    b = caching.NearCache(redis, channel, caching.LocalLRU(ttl=10, clock=clock), name="b", flush_on_subscribe=flush)
+    await b.start()
+    loader = ch04.product_loader(pool, 2)
+    try:
+        await b.get("product:2", loader)
+        await b.stop()
+        await ch04.update_product(pool, 2, 4242)
+        assert await a.invalidate("product:2") == 1  # b is not listening
+        await b.start()
+        price = (await b.get("product:2", loader))["price_cents"]
+        assert price == (4242 if flush else 200)  # without the rule: stale until the local TTL
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_near_cache_flushes_when_redis_drops_its_subscription_and_it_reconnects(ans):
+    redis = ans.redis()
+    b = await caching.NearCache(redis, ans.key_prefix + "dropped", caching.LocalLRU(ttl=10), name="b").start()
+    try:
+        b.local.set("k", 1)
+        for client in await redis.client_list(_type="pubsub"):
+            await redis.client_kill_filter(_id=client["id"])
+        for _ in range(200):
+            if b.subscribes > 1:
+                break
+            await asyncio.sleep(0.01)
+        assert b.subscribes == 2 and "k" not in b.local
+        assert await redis.publish(ans.key_prefix + "dropped", "x") == 1  # subscribed again
+    finally:
         await b.stop()
 
 

@@ -7,11 +7,16 @@ started a charge, been answered, gone to sleep in its retry backoff, or is block
 PostgreSQL on a lock (seen in ``pg_stat_activity``). A check-then-insert therefore lets
 all ten callers past its SELECT every time, not just when the timing happens to be bad.
 Backoff sleeps run on a VirtualClock that the crowd advances only when nothing else can move.
+
+Both tasks are graded as two replicas of a service (``r.replicas``): the concurrent callers
+alternate between two copies of the answer that share no module state, as two processes
+would, so a lock, dict or set kept in one process fails with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Awaitable, Callable
 
@@ -21,9 +26,11 @@ from autograder.harness import Report, error_line, task
 from autograder.probes import SETTLE_LIMIT, Crowd, tally
 from course.chapters.ch03 import arm_crash, crash_fired, install_crash_points
 from course.idempotency import (
+    ChargeDeclined,
     IdempotencyKeyReused,
     ProviderError,
     RequestInProgress,
+    reap_pending,
     retry_in_progress,
     setup_schema,
 )
@@ -39,10 +46,12 @@ class CheckCard:
         self.crowd = crowd
         self.fail = list(fail or [])
         self.calls: list[tuple] = []
+        self.callers: list[int | None] = []  # which crowd caller charged (its replica is caller % 2)
         self.charged: list[str] = []
 
     async def __call__(self, customer: str, amount_cents: int) -> str:
         self.calls.append((customer, amount_cents))
+        self.callers.append(self.crowd._who.get() if self.crowd is not None else None)
         if self.crowd is not None:
             await self.crowd.hold()
         await asyncio.sleep(0)
@@ -75,6 +84,18 @@ async def _stored(pool, key: str):
     async with pool.connection() as conn:
         cur = await conn.execute("SELECT status, response FROM idempotency_keys WHERE key = %s", (key,))
         return await cur.fetchone()
+
+
+REPLICAS = 2
+IN_PROCESS = "state kept in one process is not shared"
+
+
+def _per_replica(callers: list[int | None]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for caller in callers:
+        if caller is not None:
+            counts[caller % REPLICAS] = counts.get(caller % REPLICAS, 0) + 1
+    return counts
 
 
 def _retrying(create_order, pool, key: str, body: dict, charge, sleep, rand) -> Callable[[], Awaitable]:
@@ -149,28 +170,35 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
     if r.public:
         return
 
-    # --- ten concurrent calls with one key ------------------------------------------------
-    r.note(
-        "10 concurrent calls with key 'key-race' and one body; a caller that gets RequestInProgress retries "
-        "with backoff (chapter 01's with_retry on a virtual clock)"
-    )
+    # --- ten concurrent calls with one key, on two replicas ----------------------------------
+    replicas = r.replicas("create_order", REPLICAS)
+    r.note("10 concurrent calls with key 'key-race', alternating between two replicas of create_order")
+    r.note("(two copies of your answer cell sharing no module state, as two processes of the service);")
+    r.note("a caller that gets RequestInProgress retries with backoff (chapter 01's with_retry, virtual clock)")
     crowd = Crowd(10, watcher)
     card = CheckCard(crowd)
     body = {"customer": "grace", "amount_cents": 4200}
     results = await crowd.run(
-        lambda i: _retrying(create_order, pool, "key-race", body, card, crowd.sleep, r.random.random)()
+        lambda i: _retrying(replicas[i % REPLICAS], pool, "key-race", body, card, crowd.sleep, r.random.random)()
     )
     if crowd.stalls:
         r.note(
             f"the callers did not settle within {SETTLE_LIMIT:g} s of real time {crowd.stalls} time(s): "
-            "do they wait outside PostgreSQL (a real asyncio.sleep, an asyncio.Lock)? Raise RequestInProgress "
-            "instead: an in-process lock does not protect two replicas of the service"
+            "some waited outside PostgreSQL (an asyncio.Lock, an Event, a real sleep). Raise RequestInProgress "
+            "instead, or let PostgreSQL make them wait"
         )
     r.note(
         f"while the first charge was held: {crowd.charging_at_release} caller(s) inside charge, "
         f"{crowd.sleeping_at_release} backing off after 409, {crowd.blocked_at_release} waiting on a "
         "PostgreSQL lock"
     )
+    per_replica = _per_replica(card.callers)
+    if len(card.calls) > 1 and len(per_replica) == REPLICAS and all(n == 1 for n in per_replica.values()):
+        r.fail(
+            f"two replicas with one key: {len(card.calls)} charges; {IN_PROCESS}: each replica's own lock or "
+            "memory let its first caller through. Claim the key in PostgreSQL (INSERT ... ON CONFLICT DO NOTHING "
+            "RETURNING), which every replica sees"
+        )
     ids = await _orders(pool, "grace")
     r.expect(
         len(card.calls) == 1,
@@ -235,30 +263,31 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
         f"and it charged nothing: {len(card.calls)} charge(s), {len(await _orders(pool, 'grace'))} order(s) in all",
     )
 
-    # --- a failing charge releases the key -----------------------------------------------------
+    # --- a declined charge releases the key -----------------------------------------------------
     clock = VirtualClock()
-    card = CheckCard(fail=[ProviderError(503, "payment provider answered 503 (nothing was charged)")])
+    card = CheckCard(fail=[ChargeDeclined(402, "the card was declined (402): nothing was charged")])
     body = {"customer": "linus", "amount_cents": 700}
     try:
-        got = await create_order(pool, "key-fail", body, card)
+        got = await create_order(pool, "key-declined", body, card)
         r.fail(
-            f"charge raised ProviderError(503) but create_order returned {got!r}: let the error reach the caller "
+            f"charge raised ChargeDeclined(402) but create_order returned {got!r}: let the error reach the caller "
             "(after releasing the key)"
         )
     except Exception as err:  # noqa: BLE001
-        r.ok(f"a charge that fails: create_order raised {error_line(err)}")
+        r.ok(f"a declined charge: create_order raised {error_line(err)}")
     try:
-        got = await _retrying(create_order, pool, "key-fail", body, card, clock.sleep, r.random.random)()
+        got = await _retrying(create_order, pool, "key-declined", body, card, clock.sleep, r.random.random)()
         outcome = None
     except Exception as err:  # noqa: BLE001
         got, outcome = None, err
     if outcome is not None:
         stuck = isinstance(outcome, RequestInProgress) or getattr(outcome, "status", None) == 409
         r.fail(
-            f"the next call with the same key raised {error_line(outcome)}"
+            f"after a declined charge, the next call with the same key raised {error_line(outcome)}"
             + (
-                f" after {len(clock.sleeps)} retries: the key stayed claimed after the failure, so it is stuck "
-                "forever. Release it (delete the pending row) when the charge fails"
+                f" after {len(clock.sleeps)} retries: the key stayed claimed, so it is stuck forever. A decline is "
+                "certain (nothing was charged): release the key (delete the pending row) when charge raises "
+                "ChargeDeclined"
                 if stuck
                 else ""
             )
@@ -270,6 +299,88 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
         f"{len(ids)} order(s), response {got!r}",
     )
 
+    # --- an uncertain failure keeps the key pending ---------------------------------------------
+    for key, customer, error in (
+        ("key-timeout", "ada-timeout", TimeoutError("the provider did not answer within 2 s")),
+        ("key-5xx", "ada-5xx", ProviderError(500, "payment provider answered 500")),
+    ):
+        await _check_uncertain(r, create_order, pool, key, customer, error)
+    await _check_distinct_keys(r, create_order, pool)
+
+
+async def _check_uncertain(r: Report, create_order, pool, key: str, customer: str, error: Exception) -> None:
+    card = CheckCard(fail=[error])
+    body = {"customer": customer, "amount_cents": 1500}
+    what = error_line(error)
+    try:
+        got = await create_order(pool, key, body, card)
+        r.fail(f"charge raised {what} but create_order returned {got!r}: let the error reach the caller")
+    except Exception as err:  # noqa: BLE001
+        r.ok(f"an uncertain failure ({what}): create_order raised {error_line(err)}")
+    stored = await _stored(pool, key)
+    r.expect(
+        stored is not None and stored[0] == "pending",
+        f"the key stayed pending after {what}",
+        f"after {what}, the key's row "
+        + (
+            "is gone: the key was released, but the charge may have gone through, so the client's retry would charge "
+            "again. Release only when the provider declined (ChargeDeclined); otherwise keep the claim pending "
+            "for the reaper"
+            if stored is None
+            else f"is {stored!r}; expected it still 'pending' (the outcome of the charge is unknown)"
+        ),
+    )
+    calls = len(card.calls)
+    try:
+        got = await create_order(pool, key, body, card)
+        outcome = f"returned {got!r}"
+        busy = False
+    except Exception as err:  # noqa: BLE001
+        busy = isinstance(err, RequestInProgress) or getattr(err, "status", None) == 409
+        outcome = f"raised {error_line(err)}"
+    r.expect(
+        busy and len(card.calls) == calls,
+        f"the next call with '{key}' {outcome} and charged nothing",
+        f"the next call with '{key}' {outcome} and made {len(card.calls) - calls} charge(s); expected "
+        "RequestInProgress and no charge while the first outcome is unknown",
+    )
+    # the reaper (course.idempotency.reap_pending) re-drives it with the provider's key
+    provider = CheckCard()
+
+    async def keyed(customer: str, amount_cents: int, provider_key: str) -> str:
+        return await provider(customer, amount_cents)
+
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT request FROM idempotency_keys WHERE key = %s", (key,))
+        row = await cur.fetchone()
+    reaped = await reap_pending(pool, keyed, older_than=0)
+    r.expect(
+        key in reaped,
+        f"the reaper re-drove '{key}' from its stored request and finished it",
+        f"the reaper could not finish '{key}': "
+        + (
+            "its row was gone"
+            if row is None
+            else "its request column is empty, so it had nothing to charge again with and released the key. "
+            "Store the body in idempotency_keys.request when you claim the key"
+            if row[0] is None
+            else f"its request column holds {row[0]!r}, expected the body {body}"
+        ),
+    )
+    try:
+        final = await create_order(pool, key, body, card)
+    except Exception as err:  # noqa: BLE001
+        final = err
+    ids = await _orders(pool, customer)
+    r.expect(
+        isinstance(final, dict) and len(ids) == 1 and _mentions(final, ids[0]) and len(card.calls) == calls,
+        f"after the reaper, the client's retry got the stored response for order {ids[0] if ids else '?'}",
+        f"after the reaper finished '{key}', the client's retry got {final!r} with {len(ids)} order(s) and "
+        f"{len(card.calls) - calls} new charge(s); expected the stored response and no charge",
+    )
+
+
+async def _check_distinct_keys(r: Report, create_order, pool) -> None:
     # --- 100 distinct keys at once ---------------------------------------------------------------
     card = CheckCard()
     bodies = [{"customer": f"bulk-{i:03d}", "amount_cents": 100 + i} for i in range(100)]
@@ -353,13 +464,19 @@ async def _check_consume(r: Report, consume, pool, watcher, ns) -> None:
     if r.public:
         return
 
-    # --- five concurrent deliveries ------------------------------------------------------------
+    # --- five concurrent deliveries, on two replicas ---------------------------------------------
+    replicas = r.replicas("consume_payment_event", REPLICAS)
+
+    turn = itertools.count()
+
+    async def on_replicas(pool, event: dict) -> None:
+        return await replicas[next(turn) % REPLICAS](pool, event)
+
     event = {"event_id": "evt-5x", "account_id": 2, "amount_cents": 1500}
-    r.note(
-        f"{event} delivered 5 times at once (the check holds account 2's row until every delivery is "
-        "blocked, done or waiting on a lock); a delivery that raises is redelivered"
-    )
-    crowd, failed, errors = await _crowd_deliveries(consume, pool, watcher, ns, [event] * 5, [2])
+    r.note(f"{event} delivered 5 times at once to two replicas of your consumer")
+    r.note("(copies of your answer cell sharing no module state); account 2's row is held until every delivery")
+    r.note("is blocked, done or waiting on a lock; a delivery that raises is redelivered")
+    crowd, failed, errors = await _crowd_deliveries(on_replicas, pool, watcher, ns, [event] * 5, [2])
     for e in failed:
         ok, log = await _redeliver(consume, pool, e)
         r.expect(ok, f"a redelivery of {e['event_id']} kept failing: {log}")
@@ -369,6 +486,12 @@ async def _check_consume(r: Report, consume, pool, watcher, ns) -> None:
             "and were redelivered"
         )
     balances = await _balances(pool)
+    if balances[2] == REPLICAS * 1500:
+        r.fail(
+            f"two replicas with one event: credited {REPLICAS} times; {IN_PROCESS}: each replica remembered the "
+            "event in its own memory (or its own lock). Record the event id in processed_events, which every "
+            "replica sees, in the transaction that credits the account"
+        )
     r.expect(
         balances[2] == 1500,
         "five deliveries credited account 2 once: 1500"
@@ -433,8 +556,11 @@ async def _check_consume(r: Report, consume, pool, watcher, ns) -> None:
             {"event_id": f"evt-batch-{i}", "account_id": account, "amount_cents": r.random.randint(1, 99) * 10}
         )
     deliveries = events + events[::3]  # some delivered twice
-    r.note(f"{len(events)} distinct events on accounts 1-4 delivered at once, {len(events[::3])} of them twice")
-    crowd, failed, errors = await _crowd_deliveries(consume, pool, watcher, ns, deliveries, [1, 2, 3, 4])
+    r.note(
+        f"{len(events)} distinct events on accounts 1-4 delivered at once to the two replicas, "
+        f"{len(events[::3])} of them twice"
+    )
+    crowd, failed, errors = await _crowd_deliveries(on_replicas, pool, watcher, ns, deliveries, [1, 2, 3, 4])
     for e in failed:
         ok, log = await _redeliver(consume, pool, e)
         r.expect(ok, f"a redelivery of {e['event_id']} kept failing: {log}")

@@ -12,10 +12,13 @@ holds what exists to show it:
 - :func:`create_order_one_transaction`: the other correct design (one transaction across
   the charge);
 - :func:`create_client_order`: client-generated ids (table ``client_orders``);
-- :func:`consume_naive` and :func:`consume_outside_transaction`: consumers that credit twice,
-  with triggers that inject a crash at one statement (:func:`install_crash_points`,
-  :func:`arm_crash`; the ``consume_payment_event`` checks use them too) and :func:`deliver`,
-  an at-least-once redelivery loop;
+- :func:`make_locked_create_order`: check-then-insert behind a per-key ``asyncio.Lock``, one
+  replica per call (right in one process, wrong in two);
+- :func:`consume_naive`, :func:`consume_dedup_first` and :func:`consume_credit_first`:
+  consumers that lose or double a credit (the last two keep the dedup record and the credit
+  in two separate commits, in either order), with triggers that inject a crash at one
+  statement (:func:`install_crash_points`, :func:`arm_crash`; the ``consume_payment_event``
+  checks use them too) and :func:`deliver`, an at-least-once redelivery loop;
 - :func:`insert_wait_demo`: what a second INSERT of the same key waits on, in ``pg_locks``.
 
 :func:`setup_demo_tables` creates the chapter's own tables; the pattern's come from
@@ -35,7 +38,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from course.idempotency import (
+    ChargeDeclined,
     IdempotencyKeyReused,
+    RequestInProgress,
     call_with_retry,
     claim,
     finish_order,
@@ -44,6 +49,7 @@ from course.idempotency import (
     request_hash,
     stored_response,
 )
+from course.kit.plotting import COLORS, figure, legend_outside
 
 DEMO_SCHEMA = """
 -- the card network's statement: what the fake card charged (the side effect)
@@ -53,6 +59,12 @@ CREATE TABLE IF NOT EXISTS ch03_charges (
     customer     text NOT NULL,
     amount_cents bigint NOT NULL,
     charged_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- "idempotent or not?": an invoice whose status is set, beside an account that is credited
+CREATE TABLE IF NOT EXISTS ch03_invoices (
+    id     int PRIMARY KEY,
+    status text NOT NULL
 );
 
 -- client-generated ids: the id itself is the idempotency key
@@ -69,6 +81,16 @@ async def setup_demo_tables(pool) -> None:
     """Create the chapter's demo tables (idempotent). Async: ``await setup_demo_tables(pool)``."""
     async with pool.connection() as conn:
         await conn.execute(DEMO_SCHEMA)
+
+
+async def reset_demo(pool) -> None:
+    """Empty the tables the demos write (keys, orders, charges, events, accounts), ids from 1 again,
+    so a notebook run shows the same rows however often it runs in one kernel."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "TRUNCATE ch03_charges, ch03_invoices, client_orders, idempotency_keys, orders, processed_events, "
+            "accounts RESTART IDENTITY"
+        )
 
 
 # ----------------------------------------------------------------------------- the side effect
@@ -247,10 +269,8 @@ async def charges_in_burst(pool, handler, n: int, *, gap: float = 0.0, delay: fl
 
 def plot_timeline(timeline: Timeline, title: str, ax=None):
     """A Gantt chart of the spans: one lane per request, one colour per step."""
-    import matplotlib.pyplot as plt
-
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.2))
+        _, ax = figure(8, 3.6)
     lanes = sorted({lane for lane, *_ in timeline.spans}, key=lambda s: int(s.split()[-1]) if s[-1].isdigit() else 0)
     colours = {
         "SELECT key": "#2e86c1",
@@ -269,9 +289,29 @@ def plot_timeline(timeline: Timeline, title: str, ax=None):
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("ms since the first request")
-    ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    legend_outside(ax, "below", ncols=4)
     return ax
+
+
+def plot_window(gaps_ms, naive, claimed, sizes, naive_n, claimed_n):
+    """Charges for two requests ``gap`` ms apart, and per burst size: check-then-act against the claim."""
+    fig, (a, b) = figure(12, 3.4, ncols=2)
+    a.plot(gaps_ms, naive, "o-", color=COLORS["bad"], label="check, then act")
+    a.plot(gaps_ms, claimed, "s--", color=COLORS["ok"], label="claim first")
+    a.axvline(50, color=COLORS["neutral"], linestyle=":", label="the charge takes 50 ms")
+    a.set(xlabel="second request arrives after (ms)", ylabel="charges", yticks=[0, 1, 2], ylim=(-0.2, 2.4))
+    a.set_title("2 requests, one key", fontsize=10)
+    legend_outside(a, "below", ncols=2)
+    width = 0.38
+    xs = range(len(sizes))
+    b.bar([x - width / 2 for x in xs], naive_n, width, color=COLORS["bad"], label="check, then act")
+    b.bar([x + width / 2 for x in xs], claimed_n, width, color=COLORS["ok"], label="claim first")
+    b.set_xticks(list(xs), [str(n) for n in sizes])
+    b.set(xlabel="concurrent requests with one key", ylabel="charges")
+    b.set_title("charges per burst", fontsize=10)
+    legend_outside(b, "below", ncols=2)
+    return fig
 
 
 # ----------------------------------------------------------------------------- the other correct design
@@ -282,36 +322,81 @@ async def create_order_one_transaction(pool, idempotency_key: str, body: dict, c
 
     A concurrent caller's INSERT waits on the unique index until the first commits (then
     it conflicts and reads the stored response) or rolls back (then it claims the key
-    itself). No 409, but a connection and a transaction stay open across the charge.
+    itself). No 409 while the first runs, but a connection and a transaction stay open
+    across the charge. An uncertain failure must still leave the claim behind, so the
+    transaction commits the pending row before the error goes up; a decline rolls it back.
     """
     req_hash = request_hash(body)
+    uncertain: Exception | None = None
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
             "INSERT INTO idempotency_keys (key, request_hash, request) VALUES (%s, %s, %s) "
             "ON CONFLICT (key) DO NOTHING RETURNING key",
             (idempotency_key, req_hash, Jsonb(body)),
         )
-        if await cur.fetchone() is None:
+        if await cur.fetchone() is None:  # the first caller committed: read what it left
             cur = await conn.execute(
-                "SELECT request_hash, response FROM idempotency_keys WHERE key = %s", (idempotency_key,)
+                "SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s", (idempotency_key,)
             )
-            stored_hash, response = await cur.fetchone()
+            stored_hash, status, response = await cur.fetchone()
             if stored_hash != req_hash:
                 raise IdempotencyKeyReused(idempotency_key)
+            if status != "done":
+                raise RequestInProgress(idempotency_key)
             return response
-        charge_id = await charge(body["customer"], body["amount_cents"])
-        cur = await conn.execute(
-            "INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
-            (body["customer"], body["amount_cents"], charge_id),
-        )
-        (order_id,) = await cur.fetchone()
-        response = order_response(order_id, body, charge_id)
-        cur = await conn.execute(
-            "UPDATE idempotency_keys SET status = 'done', response = %s WHERE key = %s RETURNING response",
-            (Jsonb(response), idempotency_key),
-        )
-        (stored,) = await cur.fetchone()
+        try:
+            charge_id = await charge(body["customer"], body["amount_cents"])
+        except ChargeDeclined:
+            raise  # the transaction rolls back: the key is free again
+        except Exception as err:  # noqa: BLE001 - uncertain: commit the pending claim, then raise
+            uncertain = err
+        else:
+            cur = await conn.execute(
+                "INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+                (body["customer"], body["amount_cents"], charge_id),
+            )
+            (order_id,) = await cur.fetchone()
+            response = order_response(order_id, body, charge_id)
+            cur = await conn.execute(
+                "UPDATE idempotency_keys SET status = 'done', response = %s WHERE key = %s RETURNING response",
+                (Jsonb(response), idempotency_key),
+            )
+            (stored,) = await cur.fetchone()
+    if uncertain is not None:
+        raise uncertain
     return stored
+
+
+def make_locked_create_order():
+    """One replica of a service whose ``create_order`` guards check-then-insert with a per-key
+    ``asyncio.Lock`` (a typical mistake). Each call makes a new replica with its own locks:
+    correct inside one process, and two replicas charge twice.
+    """
+    locks: dict[str, asyncio.Lock] = {}
+
+    async def create_order(pool, idempotency_key: str, body: dict, charge) -> dict:
+        async with locks.setdefault(idempotency_key, asyncio.Lock()):
+            async with pool.connection() as conn:
+                cur = await conn.execute("SELECT response FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+                row = await cur.fetchone()
+            if row is not None:
+                return row[0]
+            charge_id = await charge(body["customer"], body["amount_cents"])
+            async with pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    "INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+                    (body["customer"], body["amount_cents"], charge_id),
+                )
+                (order_id,) = await cur.fetchone()
+                response = order_response(order_id, body, charge_id)
+                await conn.execute(
+                    "INSERT INTO idempotency_keys (key, request_hash, status, response) VALUES (%s, %s, 'done', %s) "
+                    "ON CONFLICT (key) DO NOTHING",
+                    (idempotency_key, request_hash(body), Jsonb(response)),
+                )
+            return response
+
+    return create_order
 
 
 # ----------------------------------------------------------------------------- client-generated ids
@@ -345,11 +430,30 @@ async def consume_naive(pool, event: dict) -> None:
         )
 
 
-async def consume_outside_transaction(pool, event: dict) -> None:
-    """THE BUG (do not copy): the credit and the dedup record are two separate commits.
+async def consume_dedup_first(pool, event: dict) -> None:
+    """THE BUG (do not copy): record the event id, commit, then credit in a second commit.
 
-    Correct while nothing crashes. A crash between the two leaves the credit without its
-    record, and the redelivery credits again.
+    A crash between the two commits loses the credit: the redelivery finds the id
+    recorded and skips the event.
+    """
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO processed_events (event_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING event_id",
+            (event["event_id"],),
+        )
+        if await cur.fetchone() is None:
+            return
+        await conn.execute(
+            "UPDATE accounts SET balance_cents = balance_cents + %s WHERE id = %s",
+            (event["amount_cents"], event["account_id"]),
+        )
+
+
+async def consume_credit_first(pool, event: dict) -> None:
+    """THE BUG (do not copy): credit, commit, then record the event id in a second commit.
+
+    A crash between the two commits doubles the credit: the redelivery finds no record
+    and credits again.
     """
     async with pool.connection() as conn:
         cur = await conn.execute("SELECT 1 FROM processed_events WHERE event_id = %s", (event["event_id"],))

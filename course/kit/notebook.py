@@ -74,16 +74,15 @@ def try_it():
 
 
 def _handler(shell, etype, value, tb, tb_offset=None):
+    # IPython calls a custom handler instead of showing the error and drops what it returns
+    # (``run_code``: ``self.CustomTB(etype, value, tb)``), so the handler shows it itself.
     where = not_done(value)
-    if where is not None:
-        return [message(where)]  # the error output shows this one line
-    render = getattr(value, "_render_traceback_", None)  # what IPython itself honours (TaskFailed)
-    if render is not None:
-        try:
-            return render()
-        except Exception:  # noqa: BLE001 - fall back to the plain traceback
-            pass
-    return shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    if where is None:
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return []
+    stb = [message(where)]  # the error output shows this one line
+    shell._showtraceback(etype, value, stb)
+    return stb
 
 
 _installed = False

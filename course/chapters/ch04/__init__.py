@@ -17,7 +17,9 @@ never has to trust the code it measures:
 Then the experiments: :func:`stampede` and :func:`steady_traffic` (one process; a
 :class:`Run` each, drawn by :func:`plot_runs`), :func:`penetration`, the avalanche
 helpers, :func:`prewarm` and :func:`read_then_set_race`. The ones that need other
-processes (a fleet of workers, a crash) are in :mod:`course.chapters.ch04.processes`.
+processes (a fleet of workers, a crash) are in :mod:`course.chapters.ch04.processes`; the
+ones around an outage (fencing tokens, stale-if-error, a cold restart) in
+:mod:`course.chapters.ch04.outages`.
 """
 
 from __future__ import annotations
@@ -108,6 +110,14 @@ async def setup_catalog(pool, products: int = 100) -> None:
             "SELECT g, 'product ' || g, 100 * g FROM generate_series(1, %s) AS g ON CONFLICT DO NOTHING",
             (products,),
         )
+
+
+async def reset_catalog(pool) -> None:
+    """Prices and versions back to where :func:`setup_catalog` left them, the query log empty:
+    a notebook run shows the same numbers however often it runs in one kernel."""
+    async with pool.connection() as conn:
+        await conn.execute("UPDATE ch04_products SET price_cents = 100 * id, version = 1")
+        await conn.execute("TRUNCATE ch04_query_log")
 
 
 def _user_row(i: int) -> tuple[int, str, str]:
@@ -264,9 +274,11 @@ class Run:
         return max(self.latencies_ms) if self.latencies_ms else math.nan
 
     def __str__(self) -> str:
+        queries = f"{self.queries:>3} quer{'y  ' if self.queries == 1 else 'ies'}"
+        note = f"  ({self.note})" if self.note else ""
         return (
-            f"{self.name:<34} {self.queries:>3} quer{'y  ' if self.queries == 1 else 'ies'}, latency p50 {self.p50:7.1f} ms, "
-            f"max {self.worst:7.1f} ms, {len(self.latencies_ms)} requests{'  (' + self.note + ')' if self.note else ''}"
+            f"{self.name:<32}{queries}  p50 {self.p50:6.1f} ms  max {self.worst:6.1f} ms  "
+            f"{len(self.latencies_ms)} requests{note}"
         )
 
 
@@ -358,6 +370,37 @@ async def steady_traffic(
     run.expiries, run.load_ms = elapsed / ttl, load_seconds * 1000
     run.blocked = (cache.waited if early else cache.misses) - warm_waits
     return run, sorted(points)
+
+
+async def cancel_a_waiter(pool, *, shielded: bool, waiters: int = 10, load_seconds: float = 0.1) -> tuple[Counter, int]:
+    """``waiters`` callers share one load of a product; the first is cancelled halfway through it.
+
+    The callers await the shared task directly, or through ``asyncio.shield``. Returns what the
+    other callers got (a Counter of outcomes) and how many loads ran to the end.
+    """
+    finished = 0
+    shared: asyncio.Task | None = None
+
+    async def load() -> dict | None:
+        nonlocal finished
+        row = await load_product(pool, 4, load_seconds)
+        finished += 1
+        return row
+
+    async def get() -> Any:
+        nonlocal shared
+        if shared is None:
+            shared = asyncio.ensure_future(load())
+        return await (asyncio.shield(shared) if shielded else shared)
+
+    callers = [asyncio.ensure_future(get()) for _ in range(waiters)]
+    await asyncio.sleep(load_seconds / 2)
+    callers[0].cancel()  # its client hung up
+    got = await asyncio.gather(*callers, return_exceptions=True)
+    if shared is not None:
+        await asyncio.gather(shared, return_exceptions=True)
+    outcomes = Counter(type(x).__name__ if isinstance(x, BaseException) else "the product" for x in got[1:])
+    return outcomes, finished
 
 
 # ============================================================================ penetration
@@ -466,11 +509,13 @@ async def read_then_set_race(
 
     - ``"none"``: the writer deletes; the reader's late SET puts the old row back for the whole TTL;
     - ``"versioned"``: both sides write through :data:`VERSIONED_SET_LUA`; the older version is refused;
+    - ``"versioned, evicted"``: the same, but the newer entry is evicted (or expires) before the late
+      fill: nothing is left to compare with, so the older version is stored;
     - ``"double-delete"``: the writer deletes, and again ``second_delete_after`` seconds later;
     - ``"double-delete, slow reader"``: the reader fills after the second delete too: stale again.
     """
     key = f"race:product:{product_id}"
-    versioned = fix == "versioned"
+    versioned = fix.startswith("versioned")
     await redis.delete(key)
     res = RaceResult(fix)
     loaded, invalidated, second_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -503,6 +548,9 @@ async def read_then_set_race(
         if versioned:
             await versioned_set(redis, key, new["version"], new, ttl)
             note(f"writer: versioned write of version {new['version']}")
+            if fix == "versioned, evicted":
+                await redis.delete(key)
+                note(f"the entry of version {new['version']} is evicted (memory pressure) or expires")
         else:
             await redis.delete(key)
             note("writer: DEL after commit")
