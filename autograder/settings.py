@@ -10,6 +10,12 @@ RUN_TIMEOUT = int(os.environ.get("COURSE_RUN_TIMEOUT", "600"))
 #: Where learner code runs while graded: "required" (in the sandbox, or not at all),
 #: "auto" (in the sandbox where one works here), "off" (with the grader's own rights).
 SANDBOX = os.environ.get("COURSE_SANDBOX", "required")
+#: nbgrader's exchange on a shared machine: outside every repository, writable by every learner.
+#: An account's own Jupyter config (``c.Exchange.root`` in ``~/.jupyter/nbgrader_config.py``,
+#: or the machine's in ``/etc/jupyter/``) wins over this default: see :func:`exchange_root`.
+EXCHANGE = "/srv/nbgrader/exchange"
+#: Where nbgrader writes grades when none is named (``nbgrader export``), git-ignored.
+GRADES_CSV = "grades.csv"
 
 
 def apply(c, root: str) -> None:
@@ -47,6 +53,62 @@ def apply(c, root: str) -> None:
     ]
 
 
+def exchange_root() -> str | None:
+    """The exchange this course should set, or None when the account's Jupyter config sets one.
+
+    nbgrader reads the course directory's ``nbgrader_config.py`` after the account's own
+    (``~/.jupyter``, ``$JUPYTER_CONFIG_DIR``, ``/etc/jupyter``), so whatever it sets wins.
+    This repository's config therefore sets the exchange only when none of those does: a
+    learner's ``c.Exchange.root`` stays theirs, and an account with no setting gets
+    :data:`EXCHANGE`.
+    """
+    from jupyter_core.paths import jupyter_config_path
+    from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for folder in jupyter_config_path():
+        if os.path.abspath(folder) == here:
+            continue
+        for loader, name in (
+            (PyFileConfigLoader, "nbgrader_config.py"),
+            (JSONFileConfigLoader, "nbgrader_config.json"),
+        ):
+            if not os.path.isfile(os.path.join(folder, name)):
+                continue
+            try:
+                config = loader(name, path=folder).load_config()
+            except Exception:  # noqa: BLE001 - nbgrader reports a broken file of the account's itself
+                continue
+            if "root" in config.get("Exchange", {}):
+                return None
+    return EXCHANGE
+
+
+def prepare_process() -> None:
+    """What every process that runs nbgrader on this course needs, whatever its ``PATH``.
+
+    - nbgrader runs the ``alembic`` program when it creates ``gradebook.db``: without the
+      interpreter's own ``bin`` folder on ``PATH`` (a venv not activated) it fails after
+      creating half a database. The folder goes first on ``PATH``.
+    - nbgrader's gradebook code makes SQLAlchemy 2 warn "Object of type <SubmittedAssignment>
+      not in session" for every new submission; the objects are added to the session right
+      after, so the warning says nothing an instructor can act on and is silenced (that one
+      message only).
+    """
+    import sys
+    import warnings
+
+    bin_dir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if bin_dir not in path.split(os.pathsep):
+        os.environ["PATH"] = bin_dir + (os.pathsep + path if path else "")
+    try:
+        from sqlalchemy.exc import SAWarning
+    except ImportError:  # pragma: no cover - nbgrader depends on SQLAlchemy
+        return
+    warnings.filterwarnings("ignore", r"Object of type <Submitted\w+> not in session", SAWarning)
+
+
 def write_config(root, extra: str = ""):
     """Write ``root/nbgrader_config.py`` for a throwaway course that applies these settings.
 
@@ -62,6 +124,7 @@ def write_config(root, extra: str = ""):
         f"sys.path.insert(0, {str(repo)!r})\n"
         "from autograder import settings\n"
         "c = get_config()\n"
+        "settings.prepare_process()\n"
         f"settings.apply(c, {str(root)!r})\n" + extra
     )
     return path
