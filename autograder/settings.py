@@ -39,6 +39,16 @@ def apply(c, root: str) -> None:
     c.ClearSolutions.code_stub = {"python": '# YOUR CODE HERE\nraise NotImplementedError("not done yet")'}
     c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
     c.GenerateAssignment.create_assignment = True
+    # Locked and test cells are put back from the gradebook before grading, as nbgrader does,
+    # but compared with what the learner was given (hidden tests removed), so an untouched
+    # notebook grades without a warning and a real change is named in one line.
+    c.Autograde.sanitize_preprocessors = [
+        "nbgrader.preprocessors.ClearOutput",
+        "nbgrader.preprocessors.DeduplicateIds",
+        "nbgrader.preprocessors.OverwriteKernelspec",
+        "autograder.nbgrader_plugin.RestoreLockedCells",
+        "nbgrader.preprocessors.CheckCellMetadata",
+    ]
     # Grading runs the setup and answer cells and the checks in a sandboxed process of its
     # own (autograder/grading.py), in place of nbgrader's Execute: demos are never run.
     # (Named as import strings: nbconvert imports them, and this module imports no grader.)
