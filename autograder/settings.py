@@ -49,6 +49,9 @@ def apply(c, root: str) -> None:
         "autograder.nbgrader_plugin.RestoreLockedCells",
         "nbgrader.preprocessors.CheckCellMetadata",
     ]
+    # `nbgrader export`: assigned chapters only, a status and a timestamp per submission,
+    # a missing submission distinct from a zero (autograder/export.py).
+    c.ExportApp.plugin_class = "autograder.export.RegistrarExport"
     # Grading runs the setup and answer cells and the checks in a sandboxed process of its
     # own (autograder/grading.py), in place of nbgrader's Execute: demos are never run.
     # (Named as import strings: nbconvert imports them, and this module imports no grader.)
