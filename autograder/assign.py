@@ -71,6 +71,22 @@ def _create_db(db: Path, db_url_of, course_id: str) -> None:
         partial.unlink(missing_ok=True)
 
 
+def reason(result: dict) -> str:
+    """The one line that says why an nbgrader API call failed (its log ends in "see the above traceback")."""
+    import re
+
+    text = f"{result.get('log') or ''}\n{result.get('error') or ''}"
+    errors = [
+        m.group(1).rsplit(".", 1)[-1] + ": " + m.group(3).strip()
+        for m in re.finditer(r"^\s*([\w.]*(Error|Exception)): (.+)$", text, re.MULTILINE)
+        if "NbGraderException" not in m.group(1)
+    ]
+    if errors:
+        return errors[-1][:300]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no reason given"
+
+
 def _normalized(path: Path) -> dict:
     nb = json.loads(path.read_text(encoding="utf-8"))
     nb.get("metadata", {}).pop("widgets", None)
@@ -133,9 +149,8 @@ def assign(root: Path, chapters: list[str], due: str | None = None) -> list[str]
         for name in chapters:
             result = api.generate_assignment(name, force=True)
             if not result.get("success"):
-                why = (result.get("error") or result.get("log") or "").strip().splitlines() or ["no reason given"]
                 raise AssignError(
-                    f"{name}: nbgrader could not generate it from {source.name}/{name} ({why[-1][:300]}). "
+                    f"{name}: nbgrader could not generate it from {source.name}/{name} ({reason(result)}). "
                     f"Nothing was changed: fix {source.name}/{name}, then run `course assign {name}` again"
                 )
             drift = _drifted(scratch / "release" / name, release / name)

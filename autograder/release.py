@@ -47,6 +47,7 @@ def generate(assignments: list[str] | None = None, *, root: Path = REPO) -> dict
     from traitlets.config import Config
 
     from autograder import settings
+    from autograder.assign import reason
 
     names = assignments or _chapters(root)
     scratch = Path(tempfile.mkdtemp(prefix="course-release-"))
@@ -67,9 +68,8 @@ def generate(assignments: list[str] | None = None, *, root: Path = REPO) -> dict
         for name in names:
             result = api.generate_assignment(name, force=True)
             if not result.get("success"):
-                why = (result.get("error") or result.get("log") or "").strip().splitlines() or ["no reason given"]
                 raise ReleaseError(
-                    f"nbgrader could not generate {name} ({why[-1][:300]}). Nothing was written: "
+                    f"nbgrader could not generate {name} ({reason(result)}). Nothing was written: "
                     f"fix solutions/{name}, then run `make release` again"
                 )
     except BaseException:
