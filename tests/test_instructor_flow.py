@@ -36,6 +36,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,12 +158,17 @@ class Account:
     gid: int | None = None
     python: str = sys.executable
     log: list[str] = field(default_factory=list)
+    seconds: list[tuple[str, float]] = field(default_factory=list)
 
     def run(self, *args: str, cwd: Path, ok: bool = True, timeout: float = 300) -> str:
         as_user = {"user": self.uid, "group": self.gid, "extra_groups": []} if self.uid is not None else {}
+        started = time.perf_counter()
         proc = subprocess.run(
             list(args), cwd=cwd, env=self.env, capture_output=True, text=True, timeout=timeout, **as_user
         )
+        words = [a for a in args if not a.startswith("-")]
+        words = words[2:] if words[1:2] == ["-m"] or Path(words[0]).name.startswith("python") else words
+        self.seconds.append((" ".join(w for w in words[:3] if "/" not in w), time.perf_counter() - started))
         out = proc.stdout + proc.stderr
         self.log.append(f"$ {' '.join(args)}  (in {cwd}, exit {proc.returncode})\n{out}")
         if ok:
@@ -314,7 +320,7 @@ def machine():
 
         if real:
             _remove_stale_accounts()
-        learners = {}
+        learners, found = {}, None
         for who in ("ada", "bob", "cyd"):
             home = base / "home" / who
             home.mkdir(parents=True)
@@ -344,7 +350,7 @@ def machine():
             learner.give(home)
             if real:
                 home.chmod(0o700)
-                found = _learner_python(uid, gid, env)
+                found = found or _learner_python(uid, gid, env)
                 if found is None:
                     pytest.skip("no Python this machine's learner accounts can run with the course's packages")
                 learner.python, extra = found
@@ -358,6 +364,15 @@ def machine():
         for name in created:
             subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of every child it waited for (the steps' commands and their graders)."""
+    import resource
+
+    return sum(
+        u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
 
 
 def _world_writable(root: Path) -> list[str]:
@@ -381,11 +396,22 @@ def _gradebook_scores(course: Path, chapter: str) -> dict[str, float]:
 def test_a_class_on_one_shared_machine(machine: Machine):
     m = machine
     ada, bob, cyd = (m.student(w) for w in ("ada", "bob", "cyd"))
+    mode = f"real accounts running {m.learners['ada'].python}" if m.real_accounts else "simulated accounts"
+    cpu = _cpu()
     try:
         _the_class(m, ada, bob, cyd)
     except BaseException:
         print("\n\n".join(m.instructor.log + [line for a in m.learners.values() for line in a.log]))
         raise
+    finally:
+        steps = [
+            (f"{a.name if a is not m.instructor else ''} {what}".strip(), t)
+            for a in (m.instructor, *m.learners.values())
+            for what, t in a.seconds
+        ]
+        print(
+            f"\nlearners: {mode}; {_cpu() - cpu:.1f} s of CPU; " + ", ".join(f"{what} {t:.1f} s" for what, t in steps)
+        )
 
 
 def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
@@ -415,8 +441,12 @@ def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
 
     # another account may load the instructor's config (a learner in the instructor's folder): no crash, no write
     before = sorted(p.name for p in m.course.iterdir())
-    code, out = m.learners["cyd"].run(m.learners["cyd"].python, "-m", "nbgrader", "list", cwd=m.course, ok=False)
-    assert code == 0 and "Exception while loading config" not in out, out
+    load = (
+        "from traitlets.config.loader import PyFileConfigLoader as L; c = L('nbgrader_config.py', path='.').load_config();"
+        "print(c.CourseDirectory.course_id, 'Exchange' in c)"
+    )
+    code, out = m.learners["cyd"].run(m.learners["cyd"].python, "-c", load, cwd=m.course, ok=False)
+    assert (code, out.strip()) == (0, f"{settings.COURSE_ID} False"), out  # loaded whole; cyd's exchange kept
     assert sorted(p.name for p in m.course.iterdir()) == before
 
     # 3. learners fetch from their own copy, with only their own ~/.jupyter config naming the exchange
@@ -619,7 +649,7 @@ def _break(notebook: Path) -> None:
     notebook.write_text(json.dumps(nb, indent=1))
 
 
-def test_a_failed_step_leaves_the_course_as_it_was(tmp_path):
+def test_a_failed_step_leaves_the_course_as_it_was(tmp_path, monkeypatch):
     """Steps run without the venv active (only the command's own path), on a chapter mid-edit: each
     fails whole, says what to do, and leaves notebooks/ and gradebook.db as they were."""
     course = tmp_path / "workbook"
@@ -636,7 +666,8 @@ def test_a_failed_step_leaves_the_course_as_it_was(tmp_path):
     untouched = _tree(course)
 
     code, out = run("course", "assign", CH01)
-    assert code == 1 and "Nothing was changed" in out and f"run `course assign {CH01}` again" in out, out
+    assert code == 1 and f"run `course assign {CH01}` again" in out, out
+    assert "(RuntimeError: No end hidden tests statement found). Nothing was changed" in out, out
     assert "Traceback" not in out, out
     assert _tree(course) == untouched and not (course / "gradebook.db").exists()
 
@@ -647,20 +678,25 @@ def test_a_failed_step_leaves_the_course_as_it_was(tmp_path):
     # the gradebook made by a command run without the venv active is whole (alembic found)
     code, out = run("course", "assign", CH03)
     assert code == 0, out
+    monkeypatch.setenv("PATH", os.environ.get("PATH", ""))  # course assign puts the venv's bin on PATH: undo after
     with sqlite3.connect(course / "gradebook.db") as conn:
         assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)
     recorded = _tree(course)
 
-    code, out = run("course", "assign", CH01)  # nbgrader has written to the gradebook when it fails
-    assert code == 1 and "Nothing was changed" in out, out
+    # the same command in this process from here on (no process start): nbgrader has written to the
+    # gradebook by the time it fails, and the gradebook is put back
+    from autograder import assign
+
+    with pytest.raises(assign.AssignError, match="Nothing was changed"):
+        assign.assign(course, [CH01])
     assert _tree(course) == recorded, "a failed `course assign` changed the course"
 
     source01.write_bytes(kept)
     stale = course / "notebooks" / CH01 / f"{CH01}.ipynb"
     stale.write_text(stale.read_text().replace("not done yet", "not done"))
     recorded = _tree(course)
-    code, out = run("course", "assign", CH01)
-    assert code == 1 and "run `make release`" in out, out
+    with pytest.raises(assign.AssignError, match=r"run `make release`, review `git diff notebooks/`"):
+        assign.assign(course, [CH01])
     assert _tree(course) == recorded
 
 
@@ -679,5 +715,6 @@ def test_a_failed_release_writes_nothing(tmp_path, capsys):
 
     assert release.main([CH03, CH01], root=root) == 1
     err = capsys.readouterr().err
-    assert f"could not generate {CH01}" in err and "Nothing was written" in err and "make release" in err, err
+    assert f"could not generate {CH01} (RuntimeError: No end hidden tests statement found)" in err, err
+    assert "Nothing was written" in err and "run `make release` again" in err, err
     assert _tree(root) == untouched
