@@ -57,8 +57,8 @@ def _number(value: float | None) -> str:
 
 def _status(submission) -> str:
     grades = [g for nb in submission.notebooks for g in nb.grades]
-    if any(g.auto_score is None and g.manual_score is None and not g.needs_manual_grade for g in grades):
-        return "not graded"
+    if grades and all(g.auto_score is None and g.manual_score is None for g in grades):
+        return "not graded"  # recorded, but autograde never finished (nbgrader marks such cells "manual")
     if submission.needs_manual_grade:
         return "needs manual grading"
     return "graded"

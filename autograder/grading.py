@@ -236,7 +236,9 @@ def _servers_env() -> dict[str, str]:
     try:
         return backends.servers().as_env()
     except Exception as err:  # noqa: BLE001 - any failure to find servers is the grader's problem
-        raise GradingError(f"no live servers to grade with: {err}") from err
+        raise GradingError(
+            f'no live servers to grade with: {err} (run `eval "$(course up --export)"` first, or unset COURSE_BACKEND)'
+        ) from err
 
 
 def _launch(job: dict, key: bytes, sandbox_mode: str) -> tuple[subprocess.Popen, int, object]:

@@ -89,6 +89,26 @@ def write_outputs(nb: NotebookNode, graded: grading.Graded) -> NotebookNode:
     return nb
 
 
+def forget_ungraded(resources: dict) -> None:
+    """Take back the submission nbgrader recorded before grading failed, if it holds no grade.
+
+    nbgrader's autograde records a submission (grades empty) before it grades; when grading
+    cannot run at all (no servers, no sandbox) that record would stay, half done. A submission
+    graded before (autograde ``--force``) keeps its earlier grades.
+    """
+    from nbgrader.api import Gradebook
+
+    info = resources.get("nbgrader") or {}
+    try:
+        with Gradebook(info["db_url"]) as gb:
+            sub = gb.find_submission(info["assignment"], info["student"])
+            grades = [g for notebook in sub.notebooks for g in notebook.grades]
+            if all(g.auto_score is None and g.manual_score is None for g in grades):
+                gb.remove_submission(info["assignment"], info["student"])
+    except (KeyError, MissingEntry):
+        pass
+
+
 class GradeInSandbox(NbGraderPreprocessor):
     """Grade the notebook with :func:`autograder.grading.grade` instead of executing it."""
 
@@ -107,7 +127,11 @@ class GradeInSandbox(NbGraderPreprocessor):
                 f"({', '.join(stale)}): run `make release` after editing solutions/"
             )
         cache = os.environ.get("COURSE_GRADE_CACHE")
-        graded = grading.cached_grade(Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox)
+        try:
+            graded = grading.cached_grade(Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox)
+        except grading.GradingError:
+            forget_ungraded(resources)
+            raise
         for task in graded.tampered:
             self.log.warning("tampering in %s: %s", task.id, task.tampered)
         for note in graded.notes:
