@@ -681,7 +681,24 @@ def test_a_failed_step_leaves_the_course_as_it_was(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", os.environ.get("PATH", ""))  # course assign puts the venv's bin on PATH: undo after
     with sqlite3.connect(course / "gradebook.db") as conn:
         assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)
+
+    # autograde that cannot grade (no servers) takes back the submission it recorded
+    from nbgrader.api import Gradebook
+
+    from autograder import export
+
+    with Gradebook(f"sqlite:///{course}/gradebook.db", settings.COURSE_ID) as gb:
+        gb.add_student("ada")
+    (course / "submitted" / "ada" / CH03).mkdir(parents=True)
+    shutil.copy(course / "notebooks" / CH03 / f"{CH03}.ipynb", course / "submitted" / "ada" / CH03)
     recorded = _tree(course)
+    env["COURSE_BACKEND"] = "env"  # and no REDIS_URL, DATABASE_URL
+    code, out = run("nbgrader", "autograde", CH03)
+    del env["COURSE_BACKEND"]
+    assert code != 0 and "no live servers to grade with" in out and "course up --export" in out, out
+    assert _tree(course) == recorded, "a failed autograde left a submission without grades"
+    with Gradebook(f"sqlite:///{course}/gradebook.db", settings.COURSE_ID) as gb:
+        assert [r["status"] for r in export.rows(gb, course) if r["student_id"] == "ada"] == ["not graded"]
 
     # the same command in this process from here on (no process start): nbgrader has written to the
     # gradebook by the time it fails, and the gradebook is put back
