@@ -75,6 +75,20 @@ def exchange_root() -> str | None:
     learner's ``c.Exchange.root`` stays theirs, and an account with no setting gets
     :data:`EXCHANGE`.
     """
+    global _LOOKING
+    if _LOOKING:  # an account's config that loads this repository's config: it is being read already
+        return None
+    _LOOKING = True
+    try:
+        return _exchange_root()
+    finally:
+        _LOOKING = False
+
+
+_LOOKING = False
+
+
+def _exchange_root() -> str | None:
     from jupyter_core.paths import jupyter_config_path
     from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
 
