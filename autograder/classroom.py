@@ -117,6 +117,7 @@ def _db_path(root: Path) -> Path | None:
 
 def check_assigned(root: Path, assignment: str) -> None:
     """Stop before grading anything when the gradebook does not know ``assignment``."""
+    import contextlib
     import sqlite3
 
     if not (root / "nbgrader_config.py").exists():
@@ -127,11 +128,11 @@ def check_assigned(root: Path, assignment: str) -> None:
     hint = f"run `course assign {assignment}` first (it records the chapter in the gradebook)"
     if not db.exists():
         raise grading.GradingError(f"no gradebook at {db}: {hint}")
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        try:
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as conn:
             known = conn.execute("SELECT 1 FROM assignment WHERE name = ?", (assignment,)).fetchone()
-        except sqlite3.Error as err:
-            raise grading.GradingError(f"{db} cannot be read as a gradebook ({err})") from None
+    except sqlite3.Error as err:
+        raise grading.GradingError(f"{db} cannot be read as a gradebook ({err})") from None
     if not known:
         raise grading.GradingError(f"{assignment} is not in the gradebook: {hint}")
 
