@@ -5,6 +5,9 @@ putting submissions in ``submitted/<student>/<assignment>/`` by hand):
 
     course grade 03_idempotency            # all collected submissions
     course grade 03_idempotency --jobs 8 --student ada --student bob
+    course grade 03_idempotency --shard 2/4 --cache /shared/grades --no-record   # one node's share
+
+The chapter must be in the gradebook first (``course assign``); nothing is written otherwise.
 
 Two phases, so the gradebook stays consistent:
 
@@ -17,7 +20,12 @@ Two phases, so the gradebook stays consistent:
    cache instead of grading again, and only this phase writes the gradebook (one writer:
    no lost or doubled grades when two submissions finish at once).
 
-Prints a summary: graded, failed to run, tampered (who, and what was changed), time.
+Prints a summary: graded, failed to run, tampered (who, and what was changed: the grader
+patched at run time, or a locked or test cell edited), submissions without a time stamp, time.
+
+Spread over several machines (the nodes of a JupyterHub or a batch system): each node grades
+its ``--shard K/N`` with ``--no-record`` into a ``--cache`` folder they all see, then one
+run with the same ``--cache`` records the class, every grade found in the cache.
 """
 
 from __future__ import annotations
@@ -41,38 +49,92 @@ class Summary:
     tampered: dict[str, list[str]] = field(default_factory=dict)  # student -> "task: what"
     scores: dict[str, tuple[float, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    unstamped: list[str] = field(default_factory=list)  # submissions without timestamp.txt
+    recorded: bool = True
 
     def text(self) -> str:
         total = sum(self.seconds.values())
+        done = "graded" if self.recorded else "graded into the cache (not recorded yet)"
         lines = [
-            f"{self.assignment}: {len(self.graded)} graded, {len(self.failed)} failed to run, "
+            f"{self.assignment}: {len(self.graded)} {done}, {len(self.failed)} failed to run, "
             f"{len(self.tampered)} tampered, in {total:.1f} s "
             f"(grading {self.seconds.get('grade', 0):.1f} s, recording {self.seconds.get('record', 0):.1f} s)"
         ]
         for student, why in sorted(self.failed.items()):
             lines.append(f"  failed to run: {student}: {why}")
-        for student, what in sorted(self.tampered.items()):
-            lines.append(f"  tampered: {student}: {'; '.join(what)}")
+        for student, changes in sorted(self.tampered.items()):
+            lines.extend(f"  tampered: {student}: {what}" for what in changes)
+        if self.unstamped:
+            lines.append(f"  no timestamp.txt (the export shows no time for them): {', '.join(sorted(self.unstamped))}")
         return "\n".join(lines)
 
 
-def submissions(root: Path, assignment: str, students: list[str] | None = None) -> dict[str, Path]:
-    """student -> submitted notebook of ``assignment``."""
+def submissions(
+    root: Path, assignment: str, students: list[str] | None = None, shard: tuple[int, int] | None = None
+) -> dict[str, Path]:
+    """student -> submitted notebook of ``assignment``; ``shard`` (k, n): the k-th of n shares (1-based)."""
     found = {}
     for nb in sorted((root / "submitted").glob(f"*/{assignment}/{assignment}.ipynb")):
         student = nb.parent.parent.name
         if students is None or student in students:
             found[student] = nb
+    if shard:
+        k, n = shard
+        found = {s: nb for i, (s, nb) in enumerate(sorted(found.items())) if i % n == k - 1}
     return found
 
 
-def cache_dir(root: Path, assignment: str) -> Path:
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/4"`` -> (2, 4)."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise grading.GradingError(f"--shard {text!r}: expected K/N, such as 2/4") from None
+    if not 1 <= k <= n:
+        raise grading.GradingError(f"--shard {text!r}: K must be between 1 and N")
+    return k, n
+
+
+def cache_dir(root: Path, assignment: str, shared: Path | None = None) -> Path:
+    """Where grades wait to be recorded: ``shared/<assignment>`` or this machine's state folder."""
     import hashlib
 
+    if shared is not None:
+        return Path(shared).resolve() / assignment
     from course.kit.backends import state_dir
 
     tag = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
     return state_dir() / "grade-cache" / f"{assignment}-{tag}"
+
+
+def _db_path(root: Path) -> Path | None:
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    url = config.CourseDirectory.get("db_url", f"sqlite:///{root}/gradebook.db")
+    return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+
+
+def check_assigned(root: Path, assignment: str) -> None:
+    """Stop before grading anything when the gradebook does not know ``assignment``."""
+    import contextlib
+    import sqlite3
+
+    if not (root / "nbgrader_config.py").exists():
+        raise grading.GradingError(f"no nbgrader_config.py in {root}: run `course grade` from the repository root")
+    db = _db_path(root)
+    if db is None:
+        return  # a gradebook on a database server: nbgrader says it if the chapter is missing
+    hint = f"run `course assign {assignment}` first (it records the chapter in the gradebook)"
+    if not db.exists():
+        raise grading.GradingError(f"no gradebook at {db}: {hint}")
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            known = conn.execute("SELECT 1 FROM assignment WHERE name = ?", (assignment,)).fetchone()
+    except sqlite3.Error as err:
+        raise grading.GradingError(f"{db} cannot be read as a gradebook ({err})") from None
+    if not known:
+        raise grading.GradingError(f"{assignment} is not in the gradebook: {hint}")
 
 
 def _progress(iterable, total: int, desc: str):
@@ -92,20 +154,27 @@ def grade_all(
     sandbox: str | None = None,
     force: bool = True,
     record: bool = True,
+    shard: tuple[int, int] | None = None,
+    shared_cache: Path | None = None,
 ) -> Summary:
     """Grade every submission of ``assignment`` under ``root`` (see the module docstring)."""
     from autograder import settings
 
     root = Path(root).resolve()
     sandbox = sandbox or settings.SANDBOX
-    summary = Summary(assignment)
-    found = submissions(root, assignment, students)
+    summary = Summary(assignment, recorded=record)
+    if record:
+        check_assigned(root, assignment)
+    found = submissions(root, assignment, students, shard)
     if not found:
         raise grading.GradingError(
-            f"no submissions of {assignment} under {root / 'submitted'}: run `nbgrader collect {assignment}` first"
+            f"no submissions of {assignment} under {root / 'submitted'}"
+            + (f" in shard {shard[0]}/{shard[1]}" if shard else "")
+            + f": run `nbgrader collect {assignment}` first, or put notebooks there by hand"
         )
+    summary.unstamped = [s for s, nb in found.items() if not (nb.parent / "timestamp.txt").is_file()]
     trusted = grading.read_manifest(assignment)
-    cache = cache_dir(root, assignment)
+    cache = cache_dir(root, assignment, shared_cache)
     jobs = jobs or os.cpu_count() or 1
 
     started = time.perf_counter()
@@ -146,6 +215,8 @@ def _record(root: Path, assignment: str, students: list[str], cache: Path, summa
     from traitlets.config import Config
     from traitlets.config.loader import PyFileConfigLoader
 
+    from autograder.nbgrader_plugin import CHANGED
+
     previous = os.getcwd()
     os.environ["COURSE_GRADE_CACHE"] = str(cache)
     try:
@@ -154,6 +225,11 @@ def _record(root: Path, assignment: str, students: list[str], cache: Path, summa
         api = NbGraderAPI(config=Config(config))
         for student in _progress(students, len(students), "recording in the gradebook"):
             result = api.autograde(assignment, student, force=force, create=True)
+            for line in (result.get("log") or "").splitlines():
+                _, marker, what = line.partition(CHANGED)
+                if marker:
+                    who, _, change = what.strip().partition(": ")
+                    summary.tampered.setdefault(who, []).append(change)
             if result.get("success"):
                 summary.graded.append(student)
             else:
@@ -172,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("assignment", help="the chapter, as nbgrader names it (03_idempotency)")
     parser.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: one per core)")
     parser.add_argument("--student", action="append", help="only this student (repeatable)")
+    parser.add_argument("--shard", metavar="K/N", help="grade only the K-th of N equal shares of the class")
+    parser.add_argument("--cache", metavar="DIR", help="keep results in DIR (shared by nodes) instead of locally")
+    parser.add_argument("--no-record", action="store_true", help="grade into the cache only; record in a later run")
     parser.add_argument("--no-sandbox", action="store_true", help="grade without the sandbox (not recommended)")
     args = parser.parse_args(argv)
     if args.no_sandbox:
@@ -183,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             jobs=args.jobs,
             students=args.student or None,
             sandbox="off" if args.no_sandbox else None,
+            record=not args.no_record,
+            shard=parse_shard(args.shard) if args.shard else None,
+            shared_cache=Path(args.cache) if args.cache else None,
         )
     except grading.GradingError as err:
         print(f"course grade: {err}", file=sys.stderr)

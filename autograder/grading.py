@@ -81,11 +81,16 @@ def manifest_path(chapter: str) -> Path:
     return MANIFESTS / f"{chapter}.json"
 
 
+def manifest_text(chapter: str, source_nb: dict) -> str:
+    """The JSON of ``autograder/manifests/<chapter>.json``: the trusted cells, shipped with the course."""
+    return json.dumps({"chapter": chapter, "cells": trusted_cells(source_nb)}, indent=1) + "\n"
+
+
 def write_manifest(chapter: str, source_nb: dict) -> Path:
     """``autograder/manifests/<chapter>.json``: the trusted cells, shipped with the course."""
     path = manifest_path(chapter)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"chapter": chapter, "cells": trusted_cells(source_nb)}, indent=1) + "\n")
+    path.write_text(manifest_text(chapter, source_nb))
     return path
 
 
@@ -232,7 +237,9 @@ def _servers_env() -> dict[str, str]:
     try:
         return backends.servers().as_env()
     except Exception as err:  # noqa: BLE001 - any failure to find servers is the grader's problem
-        raise GradingError(f"no live servers to grade with: {err}") from err
+        raise GradingError(
+            f'no live servers to grade with: {err} (run `eval "$(course up --export)"` first, or unset COURSE_BACKEND)'
+        ) from err
 
 
 def _launch(job: dict, key: bytes, sandbox_mode: str) -> tuple[subprocess.Popen, int, object]:
@@ -435,6 +442,7 @@ def grade(
             break
         cuts[run.stuck] = run.why
     graded = _assemble(chapter, trusted, job, run, cuts)
+    _scrub_graded(graded)
     graded.seconds = time.perf_counter() - started
     warning = sandbox_warning(sandbox)
     graded.sandboxed = not warning
@@ -503,6 +511,54 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
     if run.stuck and run.stuck not in cuts:
         graded.notes.append(f"grading stopped at {run.stuck}: {run.why}")
     return graded
+
+
+# ----------------------------------------------------------------------------- host paths
+
+
+def _host_paths() -> list[tuple[str, str]]:
+    """(host path, what the learner reads instead), longest first.
+
+    The sandbox shows the repository, the venv and the Python installation at their real
+    paths, so a traceback or a printed ``__file__`` names them; the course directory (where
+    grading runs) and the home folder are the instructor's too.
+    """
+    pairs = {str(REPO): ""}
+    for prefix in {str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve())}:
+        if not prefix.startswith(str(REPO) + os.sep) and prefix not in ("/usr", "/usr/local"):
+            pairs[prefix] = "<python>"  # a venv or an installation of the instructor's own
+    home = os.path.expanduser("~")
+    pairs.setdefault(home, "~")
+    pairs.setdefault(os.getcwd(), "")
+    return sorted(((k, v) for k, v in pairs.items() if k.strip("/")), key=lambda kv: len(kv[0]), reverse=True)
+
+
+def scrub(text: str) -> str:
+    """``text`` with the grading machine's own paths taken out (``course/orders_app.py``, ``~``).
+
+    Feedback goes back to learners: what their notebook printed and the checks' lines, never
+    where the instructor keeps the course, the venv, the home folder or the grading folders.
+    """
+    import re
+    import tempfile
+
+    if not text or "/" not in text:
+        return text
+    tmp = re.escape(tempfile.gettempdir().rstrip("/"))
+    text = re.sub(tmp + r"/course-grade-[^/\s'\"]+(/|(?!\w|-|\.\w))", lambda m: "" if m.group(1) else ".", text)
+    for host, shown in _host_paths():
+        pattern = re.escape(host) + r"(/|(?!\w|-|\.\w))"
+        text = re.sub(pattern, lambda m, s=shown: (s + "/" if s else "") if m.group(1) else (s or "."), text)
+    return text
+
+
+def _scrub_graded(graded: Graded) -> None:
+    for task in graded.tasks:
+        task.feedback = [scrub(line) for line in task.feedback]
+        task.tampered = scrub(task.tampered) if task.tampered else task.tampered
+    for cell in graded.cells.values():
+        cell.stdout, cell.error, cell.cut = scrub(cell.stdout), scrub(cell.error or "") or None, cell.cut
+    graded.notes = [scrub(note) for note in graded.notes]
 
 
 # ----------------------------------------------------------------------------- cache

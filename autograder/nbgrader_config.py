@@ -2,6 +2,9 @@
 
 The repository root is the course directory: ``solutions/`` is nbgrader's source folder and
 ``notebooks/`` its release folder. Learners' submissions go to ``submitted/``.
+
+Any account may load this file (a learner working in a copy, another account reading the
+instructor's folder): it writes nothing, and it leaves the account's own exchange setting alone.
 """
 
 import os
@@ -13,6 +16,8 @@ _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _root)
 from autograder import settings  # noqa: E402
 
+settings.prepare_process()
 settings.apply(c, _root)
-c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE", os.path.join(_root, ".exchange"))
-os.makedirs(c.Exchange.root, exist_ok=True)
+_exchange = settings.exchange_root()
+if _exchange:
+    c.Exchange.root = _exchange

@@ -15,15 +15,23 @@ preprocessor hands both to :func:`autograder.grading.grade` (the same function b
 The instructor's commands stay nbgrader's own (``nbgrader autograde``, formgrader); the
 class command (:mod:`autograder.classroom`) grades many submissions in parallel first and
 leaves the results where this preprocessor finds them (``COURSE_GRADE_CACHE``).
+
+:class:`RestoreLockedCells` takes the place of nbgrader's ``OverwriteCells`` in the sanitizing
+step: it puts back every locked and test cell from the gradebook as nbgrader does, but
+compares a learner's cell with what the learner was *given* (the released cell, hidden tests
+removed), so an untouched notebook passes in silence and a real change is one log line.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 from pathlib import Path
 
 from nbformat.notebooknode import NotebookNode, from_dict
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.api import MissingEntry
+from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor, OverwriteCells
 from traitlets import Unicode
 
 from autograder import grading, settings
@@ -81,6 +89,26 @@ def write_outputs(nb: NotebookNode, graded: grading.Graded) -> NotebookNode:
     return nb
 
 
+def forget_ungraded(resources: dict) -> None:
+    """Take back the submission nbgrader recorded before grading failed, if it holds no grade.
+
+    nbgrader's autograde records a submission (grades empty) before it grades; when grading
+    cannot run at all (no servers, no sandbox) that record would stay, half done. A submission
+    graded before (autograde ``--force``) keeps its earlier grades.
+    """
+    from nbgrader.api import Gradebook
+
+    info = resources.get("nbgrader") or {}
+    try:
+        with Gradebook(info["db_url"]) as gb:
+            sub = gb.find_submission(info["assignment"], info["student"])
+            grades = [g for notebook in sub.notebooks for g in notebook.grades]
+            if all(g.auto_score is None and g.manual_score is None for g in grades):
+                gb.remove_submission(info["assignment"], info["student"])
+    except (KeyError, MissingEntry):
+        pass
+
+
 class GradeInSandbox(NbGraderPreprocessor):
     """Grade the notebook with :func:`autograder.grading.grade` instead of executing it."""
 
@@ -99,9 +127,139 @@ class GradeInSandbox(NbGraderPreprocessor):
                 f"({', '.join(stale)}): run `make release` after editing solutions/"
             )
         cache = os.environ.get("COURSE_GRADE_CACHE")
-        graded = grading.cached_grade(Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox)
+        try:
+            graded = grading.cached_grade(Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox)
+        except grading.GradingError:
+            forget_ungraded(resources)
+            raise
         for task in graded.tampered:
             self.log.warning("tampering in %s: %s", task.id, task.tampered)
         for note in graded.notes:
             self.log.warning("%s", note)
         return write_outputs(nb, graded), resources
+
+
+#: How a change to a locked or test cell starts in nbgrader's log (``course grade`` collects these lines).
+CHANGED = "changed by the learner:"
+
+
+def _snippet(line: str, width: int = 60) -> str:
+    line = line.strip()
+    return repr(line if len(line) <= width else line[: width - 3] + "...")
+
+
+def describe_edit(given: str, submitted: str) -> str:
+    """What differs between two versions of a cell, in a few words: the first change and how many more."""
+    old, new = given.splitlines(), submitted.splitlines()
+    changes = [op for op in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes() if op[0] != "equal"]
+    if not changes:
+        return "whitespace changed"
+    tag, i1, i2, j1, j2 = changes[0]
+    if not new or not "".join(new).strip():
+        first = "emptied"
+    elif tag == "replace":
+        first = f"line {i1 + 1} {_snippet(old[i1])} became {_snippet(new[j1])}"
+    elif tag == "delete":
+        first = f"line {i1 + 1} {_snippet(old[i1])} removed"
+    else:
+        first = f"{_snippet(new[j1])} added after line {i1}"
+    more = len(changes) - 1
+    return first + (f", and {more} more change{'s' * (more > 1)}" if more and first != "emptied" else "")
+
+
+class _Drop(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+class RestoreLockedCells(OverwriteCells):
+    """nbgrader's ``OverwriteCells``, comparing a learner's cell with the cell the learner was given.
+
+    nbgrader compares a submitted test cell's checksum with the *source* cell's, which still
+    holds the hidden tests the learner never saw, so every untouched notebook warned
+    "Attribute 'checksum' for cell check_... has changed!". Here the source cell is put back
+    all the same (the hidden tests must run), and a warning is logged only when the cell
+    differs from its released version: one line naming the learner, the cell and the change.
+    """
+
+    def preprocess(self, nb: NotebookNode, resources: dict):
+        self._student = (resources.get("nbgrader") or {}).get("student") or "a learner"
+        self._hidden = ClearHiddenTests(parent=self)
+        self._reported: set[str] = set()
+        return super().preprocess(nb, resources)
+
+    def _kind(self, source_cell) -> str:
+        try:
+            graded = self.gradebook.find_graded_cell(source_cell.name, self.notebook_id, self.assignment_id)
+        except MissingEntry:
+            graded = None
+        if graded is not None and source_cell.locked:
+            return "test cell"
+        return "locked cell" if source_cell.locked else "cell"
+
+    def _changed(self, name: str, what: str) -> None:
+        self._reported.add(name)
+        self.log.warning("%s %s: %s", CHANGED, self._student, what)
+
+    def report_change(self, name: str, attr: str, old, new) -> None:
+        source = self.gradebook.find_source_cell(name, self.notebook_id, self.assignment_id)
+        kind = self._kind(source)
+        if attr == "checksum" and name in self._reported:
+            return  # the change that broke the checksum is already named
+        if attr == "points":
+            self._changed(name, f"{kind} {name}'s points set to {new:g}; graded out of {old:g}")
+        elif attr == "cell_type":
+            self._changed(name, f"{kind} {name} turned from {old} into {new}; put back as {old}")
+        elif attr == "locked":
+            self._changed(name, f"{kind} {name} {'unlocked' if old else 'locked'} in its metadata; put back")
+        else:  # its nbgrader metadata (grade, solution flags) edited
+            self._changed(name, f"{kind} {name}'s nbgrader metadata edited ({attr} differs); put back")
+
+    def released_source(self, source_cell) -> str:
+        """The cell's source as the learner received it (nbgrader's release removes hidden tests)."""
+        cell = from_dict({"cell_type": source_cell.cell_type, "source": source_cell.source, "metadata": {}})
+        if source_cell.cell_type == "code":
+            self._hidden._remove_hidden_test_region(cell)
+        return cell.source
+
+    def preprocess_cell(self, cell: NotebookNode, resources: dict, cell_index: int):
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id is None:
+            return cell, resources
+        try:
+            source_cell = self.gradebook.find_source_cell(grade_id, self.notebook_id, self.assignment_id)
+        except MissingEntry:
+            return super().preprocess_cell(cell, resources, cell_index)
+        if not source_cell.locked or cell.cell_type != source_cell.cell_type:
+            return super().preprocess_cell(cell, resources, cell_index)  # nbgrader's checks, worded by report_change
+        submitted = cell.source
+        given = self.released_source(source_cell)
+        if submitted not in (given, source_cell.source):
+            kind = self._kind(source_cell)
+            self._changed(grade_id, f"{kind} {grade_id} edited ({describe_edit(given, submitted)}); graded as given")
+        cell.source = source_cell.source  # nbgrader then finds the checksum it expects and stays quiet
+        return super().preprocess_cell(cell, resources, cell_index)
+
+    def add_missing_grade_cells(self, nb: NotebookNode, resources: dict):
+        present = {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}
+        source_nb = self.gradebook.find_notebook(self.notebook_id, self.assignment_id)
+        for graded in source_nb.grade_cells:
+            if graded.name not in present:
+                kind = "test cell" if graded.name in {c.name for c in source_nb.source_cells if c.locked} else "cell"
+                self._changed(graded.name, f"{kind} {graded.name} deleted; put back and graded")
+        quiet = _Drop("Missing grade cell")
+        self.log.addFilter(quiet)
+        try:
+            nb, resources = super().add_missing_grade_cells(nb, resources)
+        finally:
+            self.log.removeFilter(quiet)
+        if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
+            from nbformat.v4.nbbase import random_cell_id
+
+            for cell in nb.cells:  # nbgrader puts cells back without the id nbformat 4.5 requires
+                cell.setdefault("id", random_cell_id())
+        return nb, resources

@@ -5,8 +5,10 @@ chapter (its setup cells, the ids of its answer cells, its tasks and points), so
 copy of the workbook without ``solutions/`` grades exactly as the instructor does.
 
 Generation happens in a throwaway course directory (nbgrader's own generate_assignment),
-and only the released notebooks are copied back, so the repository never holds a
-gradebook. ``tests/test_00_release.py`` runs the same generation and fails when
+so the repository never holds a gradebook. Nothing is written until every chapter has been
+generated: a failure (a source notebook being edited, a broken cell) leaves ``notebooks/``
+and the manifests as they were and says which chapter failed. Each file is then replaced
+whole. ``tests/test_00_notebooks.py`` runs the same generation and fails when
 ``notebooks/`` has drifted from ``solutions/``.
 
     python -m autograder.release [ASSIGNMENT ...]
@@ -22,39 +24,60 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from autograder.check import REPO, chapters
+from autograder.check import REPO
 
 
-def generate(assignments: list[str] | None = None) -> dict[str, Path]:
-    """Generate the release of each assignment; return {assignment: folder} in a temp dir."""
+class ReleaseError(Exception):
+    """A chapter could not be generated; nothing was written."""
+
+
+def _chapters(root: Path) -> list[str]:
+    return [
+        nb.parent.name for nb in sorted((root / "solutions").glob("[0-9][0-9]_*/*.ipynb")) if nb.stem == nb.parent.name
+    ]
+
+
+def generate(assignments: list[str] | None = None, *, root: Path = REPO) -> dict[str, Path]:
+    """Generate the release of each assignment; return {assignment: folder} in a temp dir.
+
+    Raises :class:`ReleaseError` (a ``SystemExit``'s message for the command line) and removes
+    the temp dir when a chapter cannot be generated.
+    """
     from nbgrader.apps import NbGraderAPI
     from traitlets.config import Config
 
     from autograder import settings
+    from autograder.assign import reason
 
-    names = assignments or list(chapters())
-    root = Path(tempfile.mkdtemp(prefix="course-release-"))
+    names = assignments or _chapters(root)
+    scratch = Path(tempfile.mkdtemp(prefix="course-release-"))
     config = Config()
-    settings.apply(config, str(root))
+    settings.prepare_process()  # nbgrader runs `alembic` from PATH to make its gradebook
+    settings.apply(config, str(scratch))
     config.CourseDirectory.source_directory = "source"
     config.CourseDirectory.release_directory = "release"
-    for name in names:
-        src = REPO / "solutions" / name
-        if not src.is_dir():
-            raise SystemExit(f"release: no such chapter {name!r} in solutions/")
-        shutil.copytree(src, root / "source" / name, ignore=shutil.ignore_patterns(".*", "__pycache__"))
     cwd = os.getcwd()
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     try:
-        os.chdir(root)
+        for name in names:
+            src = root / "solutions" / name
+            if not src.is_dir():
+                raise ReleaseError(f"no such chapter {name!r} in solutions/")
+            shutil.copytree(src, scratch / "source" / name, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+        os.chdir(scratch)
         api = NbGraderAPI(config=config)
         for name in names:
             result = api.generate_assignment(name, force=True)
             if not result.get("success"):
-                raise SystemExit(f"release: nbgrader could not generate {name}:\n{result.get('error')}")
+                raise ReleaseError(
+                    f"nbgrader could not generate {name} ({reason(result)}). Nothing was written: "
+                    f"fix solutions/{name}, then run `make release` again"
+                )
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     finally:
         os.chdir(cwd)
-    return {name: root / "release" / name for name in names}
+    return {name: scratch / "release" / name for name in names}
 
 
 def normalized(path: Path) -> dict:
@@ -64,29 +87,53 @@ def normalized(path: Path) -> dict:
     return nb
 
 
-def write_manifests(assignments: list[str] | None = None) -> list[Path]:
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``path`` whole: a reader (or a crash) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def write_manifests(assignments: list[str] | None = None, *, root: Path = REPO) -> list[Path]:
     """``autograder/manifests/<chapter>.json`` from each chapter's source notebook."""
     from autograder import grading
 
     written = []
-    for name in assignments or list(chapters()):
-        source = json.loads((REPO / "solutions" / name / f"{name}.ipynb").read_text())
-        written.append(grading.write_manifest(name, source))
+    for name in assignments or _chapters(root):
+        source = json.loads((root / "solutions" / name / f"{name}.ipynb").read_text())
+        path = root / "autograder" / "manifests" / f"{name}.json"
+        _replace(path, grading.manifest_text(name, source).encode())
+        written.append(path)
     return written
 
 
-def main(argv: list[str]) -> int:
+def release(assignments: list[str] | None = None, *, root: Path = REPO) -> list[Path]:
+    """Generate every chapter first, then write the manifests and ``notebooks/``; return what was written."""
+    released = generate(assignments, root=root)
+    scratch = next(iter(released.values())).parent.parent if released else None
+    try:
+        written = write_manifests(list(released), root=root)
+        for name, folder in released.items():
+            for nb in sorted(folder.glob("*.ipynb")):
+                dest = root / "notebooks" / name / nb.name
+                _replace(dest, nb.read_bytes())
+                written.append(dest)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return written
+
+
+def main(argv: list[str], *, root: Path = REPO) -> int:
     warnings.simplefilter("ignore")
-    for path in write_manifests(argv or None):
-        print(path.relative_to(REPO))
-    released = generate(argv or None)
-    for name, folder in released.items():
-        dest = REPO / "notebooks" / name
-        dest.mkdir(parents=True, exist_ok=True)
-        for nb in folder.glob("*.ipynb"):
-            shutil.copy2(nb, dest / nb.name)
-            print(f"notebooks/{name}/{nb.name}")
-    shutil.rmtree(next(iter(released.values())).parent.parent, ignore_errors=True)
+    try:
+        written = release(argv or None, root=root)
+    except ReleaseError as err:
+        print(f"release: {err}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path.relative_to(root))
     return 0
 
 

@@ -6,7 +6,7 @@ paths, the system directories a Python process needs, a private ``/proc``, ``/de
 sockets under ``/run/course`` (TCP servers through a forwarder in this process), with
 ``REDIS_URL`` / ``DATABASE_URL`` rewritten to them. Memory, processes, CPU time, file size
 and open files are bounded: as root by cgroups (v2 when a delegated cgroup2 has memory and
-pids, else v1) and rlimits, as a user by rlimits. docs/SANDBOX.md: what it guarantees, what not.
+pids, else v1) and rlimits, as a user by rlimits. docs/INSTRUCTORS.md section 9: what it guarantees.
 """
 
 from __future__ import annotations

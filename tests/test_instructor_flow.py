@@ -1,54 +1,55 @@
-"""The instructor's flow, run with nbgrader's own command-line tools on every chapter.
+"""The instructor's path on one shared machine, step by step as docs/INSTRUCTORS.md tells it.
 
-Each test builds a temporary course directory laid out like the repository (``solutions/``
-is nbgrader's source folder, ``notebooks/`` its release folder) and configured by the
-same ``autograder.settings.apply`` as the repository's ``nbgrader_config.py``. It then
-runs what an instructor runs: ``nbgrader generate_assignment``, ``autograde`` (once per
-assignment, over every student), ``generate_feedback`` and ``export``, and reads the
-scores back from the CSV and the gradebook.
+The machine: the instructor's course directory, laid out like the repository (its
+``nbgrader_config.py`` is the repository's, its ``autograder`` the repository's own); one
+exchange folder outside it, made as the docs say; learner accounts, each with a home, an
+own ``~/.jupyter/nbgrader_config.py`` naming the exchange, and a copy of the workbook
+unpacked from the hand-out the docs make (``git archive`` without ``solutions/``). Run as
+root, the learners are real accounts (``useradd``, removed afterwards) whose commands run
+under their own uid; otherwise separate homes and ``--student`` stand in for them.
 
-Three learners hand in every chapter: ``full`` (every answer cell holds the reference
-solution), ``stub`` (the notebook as released) and ``partial`` (the solution in some
-answer cells only). Two more cover what learners do to notebooks: ``deleted_test``
-deletes a test cell (nbgrader must put it back and grade it), ``loops`` leaves a loop that
-never ends in an answer cell (the per-cell time limit cuts it: that task scores 0, the
-others are graded). The release, submit, collect and feedback round trip through
-nbgrader's exchange is covered once, on the first chapter.
+Chapter 01 goes through the exchange: released, fetched, submitted (ada with every answer;
+bob with one, a test cell edited and another deleted), collected, graded by ``course grade``
+on two "nodes" (shards into one cache) and recorded in one run, feedback released and
+fetched. Chapter 03 goes by hand: notebooks and ``timestamp.txt`` put into ``submitted/``,
+graded by ``nbgrader autograde``; bob's answer prints the paths of the course's code and a
+traceback through it, and edits a locked cell. cyd is on the roster and hands in nothing.
+Chapter 00 is in ``solutions/`` but never assigned.
 
-The live servers come from ``course.kit.backends.servers()`` in this process and reach the
-grading kernels through ``REDIS_URL`` / ``DATABASE_URL`` with ``COURSE_BACKEND=env``.
+Every step's output is asserted: nothing an instructor would have to learn to ignore in a
+normal run, one line per changed cell, no path of the grading machine in any feedback, and
+an export of the two assigned chapters with cyd missing and a time per submission.
 """
 
 from __future__ import annotations
 
-import ast
 import csv
 import html
 import json
 import os
+import pwd
 import re
 import shutil
+import sqlite3
+import stat
 import subprocess
-import symtable
 import sys
+import sysconfig
+import tempfile
 import time
-from functools import cache
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from autograder import settings
-from autograder.check import chapters
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-CHAPTERS = chapters()  # assignment name -> solutions/NN_slug/NN_slug.ipynb
-#: per-cell time limit of the course that grades the endless loop (the real one is 120 s)
-SHORT_CELL_TIMEOUT = 10
-#: what a learner might leave in an answer cell: a retry loop waiting for a success that never comes
-ENDLESS = "attempts = 0\nwhile True:  # retry until it works\n    attempts += 1\n"
-#: a test cell a learner "fixed"
-TAMPERED = "# the checks were too strict\n"
+CH00, CH01, CH03 = "00_setup_and_tour", "01_timeouts_and_retries", "03_idempotency"
+#: what the instructor's course directory holds before any step (git-tracked in the real one)
+SOURCES = {".gitignore", "nbgrader_config.py", "autograder", "solutions", "notebooks"}
+ACCOUNT = re.compile(r"^rbp(\d+)-(ada|bob|cyd)$")
 
 pytestmark = pytest.mark.slow
 
@@ -60,285 +61,82 @@ def _nb(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _meta(cell: dict) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
 def _src(cell: dict) -> str:
     src = cell.get("source", "")
     return "".join(src) if isinstance(src, list) else src
 
 
-def _meta(cell: dict) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
+def solutions(chapter: str) -> dict[str, str]:
+    """grade_id -> the reference answer as a learner would type it (markers removed)."""
+    out = {}
+    for cell in _nb(REPO / "solutions" / chapter / f"{chapter}.ipynb")["cells"]:
+        if cell["cell_type"] == "code" and _meta(cell).get("solution"):
+            lines = _src(cell).splitlines()
+            out[_meta(cell)["grade_id"]] = "\n".join(
+                line for line in lines if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")
+            )
+    return out
 
 
-def answer_cells(nb: dict) -> dict[str, dict]:
-    """grade_id -> code answer cell (nbgrader ``solution: true``), in notebook order."""
-    return {_meta(c)["grade_id"]: c for c in nb["cells"] if c["cell_type"] == "code" and _meta(c).get("solution")}
+def points(chapter: str) -> dict[str, float]:
+    """task -> points, from the grading manifest."""
+    cells = json.loads((REPO / "autograder" / "manifests" / f"{chapter}.json").read_text())["cells"]
+    return {c["task"]: float(c["points"]) for c in cells if c["kind"] == "test"}
 
 
-def graded_cells(nb: dict) -> dict[str, float]:
-    """grade_id -> points of every autograded test cell (code, graded, not an answer), in notebook order."""
-    return {
-        _meta(c)["grade_id"]: float(_meta(c).get("points", 0))
-        for c in nb["cells"]
-        if c["cell_type"] == "code" and _meta(c).get("grade") and not _meta(c).get("solution")
-    }
-
-
-def manual_points(nb: dict) -> float:
-    """Points of manually graded answers (graded answer cells): autograde leaves them at 0."""
-    return sum(
-        float(_meta(c).get("points", 0)) for c in nb["cells"] if _meta(c).get("grade") and _meta(c).get("solution")
-    )
-
-
-def solution_text(cell: dict) -> str:
-    """The answer a learner who wrote the reference solution would hand in (markers removed)."""
-    keep = [line for line in _src(cell).splitlines() if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")]
-    return "\n".join(keep)
-
-
-def _parse(src: str) -> ast.AST | None:
-    flags = ast.PyCF_ONLY_AST | getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
-    try:
-        return compile(src, "<cell>", "exec", flags=flags)
-    except SyntaxError:
-        return None
-
-
-def _defines(src: str) -> set[str]:
-    tree = _parse(src)
-    names: set[str] = set()
-    for node in getattr(tree, "body", []):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-    return names
-
-
-def _uses(src: str) -> set[str]:
-    """Global names a cell reads (not a function's parameters or locals)."""
-    try:
-        top = symtable.symtable(src, "<cell>", "exec")
-    except SyntaxError:  # top-level await: fall back to every name in the cell
-        tree = _parse(src)
-        return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} if tree else set()
-    names: set[str] = set()
-    todo = [top]
-    while todo:
-        table = todo.pop()
-        module_level = table.get_type() == "module"
-        for sym in table.get_symbols():
-            if sym.is_referenced() and (module_level or sym.is_global()):
-                names.add(sym.get_name())
-        todo.extend(table.get_children())
-    return names
-
-
-class Plan:
-    """Which answer cells a task depends on, worked out from the solution notebook.
-
-    A task needs its own answer cell, the answer cells that define the names its check
-    takes (``needs=`` in autograder/checks), and whatever those cells use from other
-    answer cells. A submission earns a task's points when all of them hold the solution.
-    """
-
-    def __init__(self, source: dict):
-        from autograder.harness import get_task
-
-        self.answers = answer_cells(source)
-        self.tests = graded_cells(source)
-        self.definer = {name: gid for gid, cell in self.answers.items() for name in _defines(solution_text(cell))}
-        self.tasks = [gid.removeprefix("check_") for gid in self.tests]
-        self.max_score = sum(self.tests.values()) + manual_points(source)
-        self.deps: dict[str, set[str]] = {}
-        for task in self.tasks:
-            try:
-                needs = set(get_task(task).needs)
-            except KeyError:
-                needs = set()
-            start = {task} & set(self.answers) | {self.definer[n] for n in needs if n in self.definer}
-            self.deps[task] = self._closure(start)
-
-    def _closure(self, cells: set[str]) -> set[str]:
-        todo, seen = list(cells), set(cells)
-        while todo:
-            gid = todo.pop()
-            for name in _uses(solution_text(self.answers[gid])):
-                other = self.definer.get(name)
-                if other and other not in seen:
-                    seen.add(other)
-                    todo.append(other)
-        return seen
-
-    def points(self, task: str) -> float:
-        return self.tests[f"check_{task}"]
-
-    def solved(self, filled: set[str]) -> set[str]:
-        return {t for t in self.tasks if self.deps[t] and self.deps[t] <= filled}
-
-    def score(self, filled: set[str]) -> float:
-        return sum(self.points(t) for t in self.solved(filled))
-
-    def partial_fill(self) -> set[str] | None:
-        """Answer cells to fill for a score strictly between 0 and full; None if impossible."""
-        for k in range(max(1, len(self.tasks) // 2), 0, -1):
-            for first in range(len(self.tasks) - k + 1):
-                fill = set().union(*(self.deps[t] for t in self.tasks[first : first + k]))
-                if 0 < self.score(fill) < self.score(set(self.answers)):
-                    return fill
-        return None
-
-    def needed_by_others(self, task: str) -> bool:
-        return any(task in self.deps[t] for t in self.tasks if t != task)
-
-    def loop_fill(self) -> tuple[str, set[str]] | None:
-        """A task whose answer cell can loop forever while a later task is solved: (task, cells to fill)."""
-        for task in self.tasks:
-            if task not in self.answers or self.needed_by_others(task):
-                continue
-            fill = set(self.answers) - {task}
-            if any(t in self.solved(fill) for t in self.tasks[self.tasks.index(task) + 1 :]):
-                return task, fill
-        return None
-
-
-def submission(released: dict, source: dict, fill: set[str], *, replace: dict[str, str] | None = None) -> dict:
-    """The released notebook with the solution typed into the answer cells in ``fill``."""
+def work(released: dict, answers: dict[str, str], *, edit=None, delete=()) -> dict:
+    """The released notebook with ``answers`` typed in; ``edit``: {grade_id: (old, new)} text replacements."""
     nb = json.loads(json.dumps(released))
-    solutions = answer_cells(source)
+    cells = []
     for cell in nb["cells"]:
         gid = _meta(cell).get("grade_id")
-        if replace and gid in replace:
-            cell["source"] = replace[gid]
-        elif gid in fill and gid in solutions:
-            cell["source"] = solution_text(solutions[gid])
+        if gid in delete:
+            continue
+        if gid in answers:
+            cell["source"] = answers[gid]
+        if edit and gid in edit:
+            old, new = edit[gid]
+            assert old in _src(cell), f"{gid} has no {old!r}"
+            cell["source"] = _src(cell).replace(old, new)
+        cells.append(cell)
+    nb["cells"] = cells
     return nb
 
 
-# ----------------------------------------------------------------------------- the course
+#: chapter 03, bob: an unfinished answer that shows where the course's code lives and a traceback through it
+SNOOP = """import os, sys, traceback
+import course.kit.stats as stats
+print("course code at", stats.__file__)
+print("working in", os.getcwd(), "with", sys.executable)
+try:
+    stats.percentile(["a", 1], 50)
+except TypeError:
+    traceback.print_exc(file=sys.stdout)
 
 
-@pytest.fixture(scope="module")
-def grading_env() -> dict[str, str]:
-    """Environment of the nbgrader commands: the live servers of this process, the venv first on PATH."""
-    from course.kit import backends
-
-    env = dict(os.environ)
-    env.update(backends.servers().as_env())
-    env["COURSE_BACKEND"] = "env"
-    env["PATH"] = str(VENV_BIN) + os.pathsep + env.get("PATH", "")  # nbgrader runs `alembic` from PATH
-    env.setdefault("MPLBACKEND", "Agg")
-    env.pop("NBGRADER_EXECUTION", None)
-    return env
+async def create_order(pool, idempotency_key: str, body: dict, charge) -> dict:
+    raise NotImplementedError("not done yet")
+"""
 
 
-class Course:
-    """A temporary nbgrader course directory laid out like the repository."""
+# ----------------------------------------------------------------------------- output
 
-    def __init__(self, root: Path, env: dict[str, str], assignments: list[str], *, extra_config: str = ""):
-        self.root = root
-        # nbgrader keeps the learners' submission cache and kernels their connection files in Jupyter's
-        # data and runtime folders: keep them in the test's folder, not in the home directory
-        self.env = {
-            **env,
-            "JUPYTER_DATA_DIR": str(root.parent / "jupyter-data"),
-            "JUPYTER_RUNTIME_DIR": str(root.parent / "jupyter-runtime"),
-        }
-        self.exchange = root.parent / "exchange"
-        self.exchange.mkdir(exist_ok=True)
-        self.times: dict[str, float] = {}
-        for name in assignments:
-            shutil.copytree(
-                REPO / "solutions" / name, root / "solutions" / name, ignore=shutil.ignore_patterns(".*", "__pycache__")
-            )
-        settings.write_config(root, f"c.Exchange.root = {str(self.exchange)!r}\n" + extra_config)
-
-    def nbgrader(self, *args: str, cwd: Path | None = None, timeout: float = 900) -> str:
-        started = time.perf_counter()
-        proc = subprocess.run(
-            [str(VENV_BIN / "nbgrader"), *args],
-            cwd=cwd or self.root,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        key = " ".join(a for a in args if not a.startswith("-"))
-        self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - started
-        log = proc.stdout + proc.stderr
-        assert proc.returncode == 0, f"`nbgrader {' '.join(args)}` exited with {proc.returncode}:\n{log[-4000:]}"
-        return log
-
-    def submit_folder(self, student: str, assignment: str, nb: dict) -> None:
-        """Put a notebook where ``nbgrader collect`` (or zip_collect) would: submitted/<student>/<assignment>/."""
-        folder = self.root / "submitted" / student / assignment
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{assignment}.ipynb").write_text(json.dumps(nb, indent=1))
-        (folder / "timestamp.txt").write_text(time.strftime("%Y-%m-%d %H:%M:%S.000000 UTC", time.gmtime()))
-
-    def learner_home(self, student: str) -> Path:
-        """A learner's own folder, configured to reach the course's exchange."""
-        home = self.root.parent / f"home-{student}"
-        home.mkdir(exist_ok=True)
-        (home / "nbgrader_config.py").write_text(
-            "c = get_config()\n"
-            f"c.Exchange.root = {str(self.exchange)!r}\n"
-            f"c.CourseDirectory.course_id = {settings.COURSE_ID!r}\n"
-        )
-        return home
-
-    def hand_in_through_exchange(self, student: str, assignment: str, answer) -> None:
-        """The learner fetches the released assignment, works on it and submits it."""
-        home = self.learner_home(student)
-        self.nbgrader("fetch_assignment", assignment, cwd=home)
-        fetched = home / assignment / f"{assignment}.ipynb"
-        fetched.write_text(json.dumps(answer(_nb(fetched)), indent=1))
-        self.nbgrader("submit", assignment, f"--student={student}", cwd=home)
-
-    def released(self, assignment: str) -> dict:
-        return _nb(self.root / "notebooks" / assignment / f"{assignment}.ipynb")
-
-    def grades_csv(self) -> dict[tuple[str, str], dict]:
-        self.nbgrader("export")
-        with open(self.root / "grades.csv", newline="") as fh:
-            return {(row["assignment"], row["student_id"]): row for row in csv.DictReader(fh)}
-
-    def cell_grades(self, assignment: str, student: str) -> dict[str, float | None]:
-        """grade_id -> score recorded in the gradebook (None: not graded)."""
-        from nbgrader.api import Gradebook
-
-        out = {}
-        with Gradebook(f"sqlite:///{self.root}/gradebook.db") as gb:
-            sub = gb.find_submission_notebook(assignment, assignment, student)
-            for grade in sub.grades:
-                out[grade.name] = grade.score
-        return out
-
-    def autograded(self, assignment: str, student: str) -> dict:
-        return _nb(self.root / "autograded" / student / assignment / f"{assignment}.ipynb")
-
-    def report(self, label: str) -> str:
-        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.times.items())
-        return f"{label}: {parts}; total {sum(self.times.values()):.1f} s"
+#: what a normal run must not print: warnings, errors, tracebacks, a config that failed to load
+NOISE = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|Warning:|SAWarning|Exception while loading|[Dd]eprecat")
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+def noise(output: str, allowed: tuple[str, ...] = ()) -> list[str]:
+    lines = [line for part in output.splitlines() for line in part.split("\r")]
+    return [line for line in lines if NOISE.search(line) and not any(a in line for a in allowed)]
 
 
-def cell_output(nb: dict, grade_id: str) -> str:
-    for cell in nb["cells"]:
-        if _meta(cell).get("grade_id") == grade_id:
-            parts = []
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "stream":
-                    parts.append(_src({"source": out.get("text", "")}))
-                elif out.get("output_type") == "error":
-                    parts.append(_ANSI.sub("", "\n".join(out.get("traceback", [])[-4:])))
-            return "\n".join(parts).strip()
-    return "<cell not found>"
+def assert_clean(step: str, output: str, allowed: tuple[str, ...] = ()) -> None:
+    found = noise(output, allowed)
+    assert not found, f"`{step}` printed what an instructor would learn to ignore:\n" + "\n".join(found)
 
 
 def feedback_text(path: Path) -> str:
@@ -346,167 +144,605 @@ def feedback_text(path: Path) -> str:
     return " ".join(html.unescape(text).split())
 
 
-def _chapter_params():
-    if not CHAPTERS:
-        return [pytest.param(None, marks=pytest.mark.skip(reason="no chapter in solutions/"))]
-    return list(CHAPTERS)
+# ----------------------------------------------------------------------------- the machine
 
 
-# ----------------------------------------------------------------------------- the tests
+@dataclass
+class Account:
+    """Someone on the machine: their own home, environment and (as root) uid."""
+
+    name: str  # the login, which nbgrader takes as the student id
+    home: Path
+    env: dict[str, str]
+    uid: int | None = None
+    gid: int | None = None
+    python: str = sys.executable
+    log: list[str] = field(default_factory=list)
+    seconds: list[tuple[str, float]] = field(default_factory=list)
+
+    def run(self, *args: str, cwd: Path, ok: bool = True, timeout: float = 300) -> str:
+        as_user = {"user": self.uid, "group": self.gid, "extra_groups": []} if self.uid is not None else {}
+        started = time.perf_counter()
+        proc = subprocess.run(
+            list(args), cwd=cwd, env=self.env, capture_output=True, text=True, timeout=timeout, **as_user
+        )
+        words = [a for a in args if not a.startswith("-")]
+        words = words[2:] if words[1:2] == ["-m"] or Path(words[0]).name.startswith("python") else words
+        self.seconds.append((" ".join(w for w in words[:3] if "/" not in w), time.perf_counter() - started))
+        out = proc.stdout + proc.stderr
+        self.log.append(f"$ {' '.join(args)}  (in {cwd}, exit {proc.returncode})\n{out}")
+        if ok:
+            assert proc.returncode == 0, (
+                f"{self.name}: `{' '.join(args)}` exited with {proc.returncode}:\n{out[-4000:]}"
+            )
+        return out if ok else (proc.returncode, out)
+
+    def nbgrader(self, *args: str, cwd: Path) -> str:
+        return self.run(self.python, "-m", "nbgrader", *args, cwd=cwd)
+
+    def give(self, path: Path) -> None:
+        """Make ``path`` (written by the test) theirs, as if they had written it."""
+        if self.uid is not None:
+            for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+                os.chown(p, self.uid, self.gid, follow_symlinks=False)
 
 
-def test_repository_config_is_the_graded_config():
-    """The config an instructor loads at the repository root is the one these courses use."""
+def _jupyter_config(home: Path, exchange: Path) -> None:
+    """``~/.jupyter/nbgrader_config.py`` as the docs tell every account to write it."""
+    (home / ".jupyter").mkdir(parents=True, exist_ok=True)
+    (home / ".jupyter" / "nbgrader_config.py").write_text(f'c = get_config()\nc.Exchange.root = "{exchange}"\n')
+
+
+def _base_env(home: Path, user: str) -> dict[str, str]:
+    env = {"HOME": str(home), "USER": user, "LOGNAME": user, "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+    env["TMPDIR"] = tempfile.gettempdir()
+    return env
+
+
+def _remove_stale_accounts() -> None:
+    """Accounts an earlier run left behind (killed before its cleanup) whose process is gone."""
+    for entry in pwd.getpwall():
+        found = ACCOUNT.match(entry.pw_name)
+        if found and not Path(f"/proc/{found.group(1)}").exists():
+            subprocess.run(["userdel", entry.pw_name], capture_output=True)
+
+
+def _learner_python(uid: int, gid: int, env: dict[str, str]) -> tuple[str, dict[str, str]] | None:
+    """An interpreter a learner account can run with the course's packages (this venv may sit under /root)."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = sysconfig.get_paths()["purelib"]
+    for exe, extra in ((sys.executable, {}), (f"/usr/bin/{version}", {"PYTHONPATH": site})):
+        try:
+            proc = subprocess.run(
+                [exe, "-c", "import nbgrader.apps"],
+                env={**env, **extra},
+                user=uid,
+                group=gid,
+                extra_groups=[],
+                capture_output=True,
+                timeout=60,
+            )
+        except OSError:
+            continue
+        if proc.returncode == 0:
+            return exe, extra
+    return None
+
+
+def _handout(dest: Path) -> Path:
+    """The docs' hand-out: ``git archive`` of the repository without ``solutions/`` (working tree's tracked files)."""
+    rev = subprocess.run(["git", "-C", str(REPO), "stash", "create"], capture_output=True, text=True).stdout.strip()
+    proc = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(REPO),
+            "archive",
+            "--format=tar",
+            "-o",
+            str(dest),
+            rev or "HEAD",
+            "--",
+            ".",
+            ":(exclude)solutions",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:  # not a git checkout: the same files, copied
+        stage = dest.with_suffix(".d")
+        shutil.copytree(REPO, stage, ignore=shutil.ignore_patterns(".git", ".venv*", "solutions", "__pycache__"))
+        subprocess.run(["tar", "-cf", str(dest), "-C", str(stage), "."], check=True)
+        shutil.rmtree(stage)
+    dest.chmod(0o644)
+    return dest
+
+
+@dataclass
+class Machine:
+    base: Path
+    course: Path
+    exchange: Path
+    handout: Path
+    instructor: Account
+    learners: dict[str, Account]
+    real_accounts: bool
+
+    def teach(self, *args: str, ok: bool = True):
+        """The instructor, in the course directory with the venv active."""
+        return self.instructor.run(*args, cwd=self.course, ok=ok)
+
+    def copy(self, who: str) -> Path:
+        return self.learners[who].home / "workbook"
+
+    def student(self, who: str) -> str:
+        return self.learners[who].name
+
+    def as_learner(self, who: str, *args: str) -> str:
+        """nbgrader as the learner, in their copy; simulated accounts name themselves with --student."""
+        learner = self.learners[who]
+        flag = [] if self.real_accounts or args[0] == "fetch_assignment" else [f"--student={learner.name}"]
+        return learner.nbgrader(*args, *flag, cwd=self.copy(who))
+
+
+def _course_dir(course: Path) -> None:
+    """The instructor's repository, as far as nbgrader and the grader see it."""
+    course.mkdir(parents=True)
+    shutil.copy(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copy(REPO / ".gitignore", course / ".gitignore")
+    (course / "autograder").symlink_to(REPO / "autograder")
+    for chapter in (CH00, CH01, CH03):
+        for folder in ("solutions", "notebooks"):
+            shutil.copytree(REPO / folder / chapter, course / folder / chapter, ignore=shutil.ignore_patterns(".*"))
+
+
+def _learners(base: Path, exchange: Path, handout: Path, created: list[str] | None) -> dict[str, Account] | None:
+    """ada, bob and cyd with their homes, configs and copies: real accounts when ``created`` is a list
+    (None when no Python those accounts can run is found), simulated otherwise."""
+    learners, found = {}, None
+    for who in ("ada", "bob", "cyd"):
+        home = base / "home" / who
+        home.mkdir(parents=True)
+        name, uid, gid = who, None, None
+        if created is not None:
+            name = f"rbp{os.getpid()}-{who}"
+            subprocess.run(
+                ["useradd", "--home-dir", str(home), "--no-create-home", "--shell", "/usr/sbin/nologin"]
+                + ["--user-group", name],
+                check=True,
+                capture_output=True,
+            )
+            created.append(name)
+            entry = pwd.getpwnam(name)
+            uid, gid = entry.pw_uid, entry.pw_gid
+        env = _base_env(home, name)
+        learner = Account(name, home, env, uid, gid)
+        _jupyter_config(home, exchange)
+        learner.give(home)
+        if created is not None:
+            home.chmod(0o700)
+            found = found or _learner_python(uid, gid, env)
+            if found is None:
+                return None
+            learner.python, extra = found
+            env.update(extra)
+        # the docs: mkdir ~/workbook && tar -xf /srv/nbgrader/workbook.tar -C ~/workbook
+        learner.run("mkdir", str(home / "workbook"), cwd=home)
+        learner.run("tar", "-xf", str(handout), "-C", str(home / "workbook"), cwd=home)
+        learners[who] = learner
+    return learners
+
+
+@pytest.fixture(scope="module")
+def machine():
+    from course.kit import backends
+
+    base = Path(tempfile.mkdtemp(prefix="rbp-machine-"))
+    base.chmod(0o755)
+    real = os.geteuid() == 0 and shutil.which("useradd") is not None
+    created: list[str] = []
+    try:
+        exchange = base / "srv" / "exchange"
+        exchange.parent.mkdir()
+        subprocess.run(["install", "-d", "-m", "1777", str(exchange)], check=True)  # as the docs say
+        ihome = base / "instructor"
+        ihome.mkdir(mode=0o755)
+        _jupyter_config(ihome, exchange)
+        ienv = _base_env(ihome, pwd.getpwuid(os.getuid()).pw_name)
+        ienv["PATH"] = f"{VENV_BIN}:{ienv['PATH']}"  # `source .venv/bin/activate`
+        ienv.update(backends.servers().as_env(), COURSE_BACKEND="env", MPLBACKEND="Agg")  # `course up --export`
+        course = ihome / "workbook"
+        _course_dir(course)
+        handout = _handout(base / "srv" / "workbook.tar")
+
+        learners = None
+        if real:
+            _remove_stale_accounts()
+            learners = _learners(base, exchange, handout, created)
+            if learners is None:  # no Python those accounts may run: the same flow, accounts simulated
+                for name in created:
+                    subprocess.run(["userdel", name], capture_output=True)
+                created.clear()
+                shutil.rmtree(base / "home")
+                real = False
+        learners = learners or _learners(base, exchange, handout, None)
+        yield Machine(base, course, exchange, handout, Account("instructor", ihome, ienv), learners, real)
+    finally:
+        for name in created:
+            subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of every child it waited for (the steps' commands and their graders)."""
+    import resource
+
+    return sum(
+        u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+
+
+def _world_writable(root: Path) -> list[str]:
+    return [
+        str(p.relative_to(root))
+        for p in [root, *root.rglob("*")]
+        if not p.is_symlink() and p.stat().st_mode & stat.S_IWOTH
+    ]
+
+
+def _gradebook_scores(course: Path, chapter: str) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course}/gradebook.db") as gb:
+        return {s.student.id: s.score for s in gb.assignment_submissions(chapter)}
+
+
+# ----------------------------------------------------------------------------- the test
+
+
+def test_a_class_on_one_shared_machine(machine: Machine):
+    m = machine
+    ada, bob, cyd = (m.student(w) for w in ("ada", "bob", "cyd"))
+    mode = f"real accounts running {m.learners['ada'].python}" if m.real_accounts else "simulated accounts"
+    cpu = _cpu()
+    try:
+        _the_class(m, ada, bob, cyd)
+    except BaseException:
+        print("\n\n".join(m.instructor.log + [line for a in m.learners.values() for line in a.log]))
+        raise
+    finally:
+        steps = [
+            (f"{a.name if a is not m.instructor else ''} {what}".strip(), t)
+            for a in (m.instructor, *m.learners.values())
+            for what, t in a.seconds
+        ]
+        print(
+            f"\nlearners: {mode}; {_cpu() - cpu:.1f} s of CPU; " + ", ".join(f"{what} {t:.1f} s" for what, t in steps)
+        )
+
+
+def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
+    # the hand-out holds no solution, and a learner's copy is theirs
+    for who in m.learners:
+        assert not (m.copy(who) / "solutions").exists(), "the learners' copy holds solutions/"
+        assert (m.copy(who) / "notebooks" / CH01 / f"{CH01}.ipynb").exists()
+
+    # 1. the roster (so that who hands in nothing is listed), then the chapters handed out
+    roster = m.instructor.home / "roster.csv"
+    roster.write_text(
+        "id,first_name,last_name,email\n"
+        f"{ada},Ada,Lovelace,ada@example.org\n{bob},Bob,Kahn,bob@example.org\n{cyd},Cyd,Charisse,cyd@example.org\n"
+    )
+    assert_clean("nbgrader db student import", m.teach("nbgrader", "db", "student", "import", str(roster)))
+    out = m.teach("course", "assign", CH01, CH03, "--due", "2030-01-15 17:00:00 UTC")
+    assert_clean("course assign", out)
+    assert f"{CH01}: recorded in the gradebook (3 graded cells, 10 points, due 2030-01-15 17:00 UTC)" in out, out
+
+    # 2. release through the exchange, which lives outside the repository
+    out = m.teach("nbgrader", "release_assignment", CH01)
+    assert_clean("nbgrader release_assignment", out)
+    assert f"Released as: {settings.COURSE_ID} {CH01}" in out, out
+    assert (m.exchange / settings.COURSE_ID / "outbound" / CH01 / f"{CH01}.ipynb").exists()
+    assert not (m.course / ".exchange").exists(), "the exchange was made inside the repository"
+    assert not _world_writable(m.course), f"world-writable in the repository: {_world_writable(m.course)}"
+
+    # another account may load the instructor's config (a learner in the instructor's folder): no crash, no write
+    before = sorted(p.name for p in m.course.iterdir())
+    load = (
+        "from traitlets.config.loader import PyFileConfigLoader as L; c = L('nbgrader_config.py', path='.').load_config();"
+        "print(c.CourseDirectory.course_id, 'Exchange' in c)"
+    )
+    code, out = m.learners["cyd"].run(m.learners["cyd"].python, "-c", load, cwd=m.course, ok=False)
+    assert (code, out.strip()) == (0, f"{settings.COURSE_ID} False"), out  # loaded whole; cyd's exchange kept
+    assert sorted(p.name for p in m.course.iterdir()) == before
+
+    # 3. learners fetch from their own copy, with only their own ~/.jupyter config naming the exchange
+    released = _nb(m.course / "notebooks" / CH01 / f"{CH01}.ipynb")
+    answers = solutions(CH01)
+    handed_in = {
+        "ada": work(released, answers),
+        "bob": work(
+            released,
+            {"is_retryable": answers["is_retryable"]},
+            edit={"check_with_retry": ('public("with_retry")', 'print("all good")')},
+            delete=("check_retry_test",),
+        ),
+    }
+    for who, nb in handed_in.items():
+        out = m.as_learner(who, "fetch_assignment", CH01)
+        assert_clean(f"{who}: nbgrader fetch_assignment", out)
+        assert f"Fetched as: {settings.COURSE_ID} {CH01}" in out, out
+        fetched = m.copy(who) / CH01 / f"{CH01}.ipynb"
+        assert _nb(fetched)["cells"] == released["cells"]
+        fetched.write_text(json.dumps(nb, indent=1))
+        m.learners[who].give(fetched)
+        out = m.as_learner(who, "submit", CH01)
+        assert_clean(f"{who}: nbgrader submit", out)
+        assert f"Submitted as: {settings.COURSE_ID} {CH01}" in out, out
+
+    # 4. collect
+    out = m.teach("nbgrader", "collect", CH01)
+    if m.real_accounts:
+        assert_clean("nbgrader collect", out)
+    else:  # nbgrader checks who owns a submission: simulated learners are the instructor's own uid
+        assert_clean("nbgrader collect", out, allowed=("[CollectApp | WARNING] ",))
+        assert out.count("cheating attempt?") == 2, out
+    for student in (ada, bob):
+        assert (m.course / "submitted" / student / CH01 / "timestamp.txt").exists()
+
+    # 5. grade the class with `course grade`: two nodes' shares into one cache, then one run records it
+    cache = m.base / "shared-cache"
+    for shard in ("1/2", "2/2"):
+        out = m.teach("course", "grade", CH01, f"--shard={shard}", f"--cache={cache}", "--no-record")
+        assert_clean(f"course grade --shard {shard}", out)
+        assert f"{CH01}: 1 graded into the cache (not recorded yet), 0 failed to run" in out, out
+    assert len(list((cache / CH01).glob("*.json"))) == 2
+    out = m.teach("course", "grade", CH01, f"--cache={cache}")
+    assert len(list((cache / CH01).glob("*.json"))) == 2, "the recording run graded again instead of using the cache"
+    assert_clean("course grade", out)
+    assert f"{CH01}: 2 graded, 0 failed to run, 1 tampered" in out and "no timestamp.txt" not in out, out
+    tampered = [line.strip() for line in out.splitlines() if "tampered: " in line]
+    assert tampered == [
+        f"tampered: {bob}: test cell check_with_retry edited "
+        "(line 3 'public(\"with_retry\")' became 'print(\"all good\")'); graded as given",
+        f"tampered: {bob}: test cell check_retry_test deleted; put back and graded",
+    ], out
+    task_points = points(CH01)
+    assert _gradebook_scores(m.course, CH01) == {ada: sum(task_points.values()), bob: task_points["is_retryable"]}
+
+    # 6. chapter 03 by hand: notebooks and their time stamps put into submitted/
+    released3 = _nb(m.course / "notebooks" / CH03 / f"{CH03}.ipynb")
+    answers3 = solutions(CH03)
+    by_hand = {
+        ada: work(released3, answers3),
+        bob: work(
+            released3,
+            {"create_order": SNOOP},
+            edit={"setup_create_order": ("import Jsonb", "import Json as Jsonb")},
+        ),
+    }
+    for student, nb in by_hand.items():
+        folder = m.course / "submitted" / student / CH03
+        folder.mkdir(parents=True)
+        (folder / f"{CH03}.ipynb").write_text(json.dumps(nb, indent=1))
+        # the docs: date -u '+%Y-%m-%d %H:%M:%S UTC' > submitted/<student>/<chapter>/timestamp.txt
+        m.instructor.run("sh", "-c", f"date -u '+%Y-%m-%d %H:%M:%S UTC' > {folder / 'timestamp.txt'}", cwd=m.course)
+    out = m.teach("nbgrader", "autograde", CH03)
+    assert_clean("nbgrader autograde", out, allowed=("changed by the learner:",))
+    changed = [line for line in out.splitlines() if "changed by the learner:" in line]
+    assert changed == [
+        f"[AutogradeApp | WARNING] changed by the learner: {bob}: locked cell setup_create_order edited "
+        "(line 1 'from psycopg.types.json import Jsonb' became 'from psycopg.types.json import Json as Jsonb'); "
+        "graded as given"
+    ], out
+    assert _gradebook_scores(m.course, CH03) == {ada: sum(points(CH03).values()), bob: 0.0}
+
+    # 7. feedback: generated, holding no path of this machine, returned through the exchange
+    for chapter in (CH01, CH03):
+        assert_clean("nbgrader generate_feedback", m.teach("nbgrader", "generate_feedback", chapter))
+    host = [str(REPO), str(m.base), str(Path(sys.prefix).resolve()), os.path.expanduser("~"), "/tmp/course-grade"]
+    for page in (m.course / "feedback").rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        leaked = [path for path in host if path in text]
+        assert not leaked, f"{page.relative_to(m.course)} shows {leaked}"
+    snooped = feedback_text(m.course / "feedback" / bob / CH03 / f"{CH03}.html")
+    assert "course code at course/kit/stats.py" in snooped, snooped[:3000]
+    assert 'File "course/kit/stats.py", line' in snooped, "the traceback through the course's code is gone"
+
+    out = m.teach("nbgrader", "release_feedback", CH01)
+    assert_clean("nbgrader release_feedback", out)
+    for who, score in (("ada", 10.0), ("bob", task_points["is_retryable"])):
+        out = m.as_learner(who, "fetch_feedback", CH01)
+        assert_clean(f"{who}: nbgrader fetch_feedback", out)
+        returned = list((m.copy(who) / CH01 / "feedback").glob(f"*/{CH01}.html"))
+        assert len(returned) == 1, out
+        assert f"{CH01} (Score: {score:.1f} / 10.0)" in feedback_text(returned[0])
+
+    # 8. the export: assigned chapters only, a status and a time per submission, missing is not zero
+    out = m.teach("nbgrader", "export")
+    assert_clean("nbgrader export", out)
+    assert "Exported 2 chapter(s) x 3 learner(s) to grades.csv: 4 graded, 2 missing" in out, out
+    with open(m.course / "grades.csv", newline="") as fh:
+        rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(fh)}
+    assert {a for a, _ in rows} == {CH01, CH03}, f"{CH00} was never assigned, yet it is exported"
+    assert set(rows) == {(a, s) for a in (CH01, CH03) for s in (ada, bob, cyd)}
+    for chapter in (CH01, CH03):
+        missing = rows[(chapter, cyd)]
+        assert (missing["status"], missing["score"], missing["timestamp"]) == ("missing", "", ""), missing
+        assert missing["last_name"] == "Charisse" and missing["max_score"] == "10"
+        for student in (ada, bob):
+            row = rows[(chapter, student)]
+            assert row["status"] == "graded" and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row["timestamp"]), row
+            assert row["duedate"] == "2030-01-15T17:00:00Z" and row["seconds_late"] == "0", row
+    assert rows[(CH01, ada)]["score"] == "10" and rows[(CH03, bob)]["score"] == "0"
+
+    # 9. nothing the class made would be committed
+    subprocess.run(["git", "init", "-q", str(m.course)], check=True)
+    status = subprocess.run(
+        ["git", "-C", str(m.course), "status", "--porcelain", "--untracked-files=normal"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    untracked = {line[3:].strip().rstrip("/") for line in status.splitlines()}
+    assert untracked == SOURCES, f"not git-ignored: {sorted(untracked - SOURCES)}"
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def test_the_repository_config_leaves_an_accounts_exchange_alone(tmp_path, monkeypatch):
+    """An account with no setting gets /srv/nbgrader/exchange; one with its own keeps it; nothing is written."""
     from traitlets.config.loader import PyFileConfigLoader
 
+    monkeypatch.setenv("PATH", os.environ.get("PATH", ""))  # the config puts the interpreter's bin first: undo after
+    monkeypatch.delenv("JUPYTER_CONFIG_PATH", raising=False)
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "nothing-set"))
+    before = sorted(p.name for p in REPO.iterdir())
     cfg = PyFileConfigLoader("nbgrader_config.py", path=str(REPO)).load_config()
+    assert cfg.Exchange.root == settings.EXCHANGE == "/srv/nbgrader/exchange"
     cd = cfg.CourseDirectory
     assert (cd.root, cd.source_directory, cd.release_directory) == (str(REPO), "solutions", "notebooks")
     assert cd.course_id == settings.COURSE_ID
     assert cfg.OverwriteCells.add_missing_cells is True, "a deleted test cell would go ungraded"
-    assert cfg.Execute.timeout == settings.CELL_TIMEOUT and cfg.Execute.interrupt_on_timeout is True
-    assert cfg.Exchange.root, "the assignment list needs an exchange folder"
+    assert "autograder.nbgrader_plugin.RestoreLockedCells" in cfg.Autograde.sanitize_preprocessors
+    assert cfg.ExportApp.plugin_class == "autograder.export.RegistrarExport"
+
+    learner = tmp_path / "learner"
+    _jupyter_config(learner, Path("/somewhere/else"))
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(learner / ".jupyter"))
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(REPO)).load_config()
+    assert "root" not in cfg.get("Exchange", {}), "the repository's config overrides the learner's exchange"
+    assert sorted(p.name for p in REPO.iterdir()) == before, "loading the config wrote into the repository"
 
 
 def test_a_submission_cannot_bring_its_own_autograder(tmp_path):
-    """autograde copies every other file of a submission next to the notebook and runs the kernel there,
-    so an ``autograder/`` package handed in beside a stub notebook would be imported instead of the
-    course's and grade it full marks (tried: 2/2 on chapter 00). The instructor's config must keep
-    such files out; this asks nbgrader's own file walk (the one autograde uses) what it would copy."""
+    """autograde copies every other file of a submission next to the notebook, so an ``autograder/``
+    package handed in beside a stub notebook could be imported instead of the course's. The config
+    keeps such files out; this asks nbgrader's own file walk (the one autograde uses) what it would copy."""
     from nbgrader.utils import find_all_files
-    from traitlets.config.loader import PyFileConfigLoader
+    from traitlets.config import Config
 
-    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(REPO)).load_config()
-    handed_in = tmp_path / "submitted" / "learner" / "00_setup_and_tour"
+    cfg = Config()
+    settings.apply(cfg, str(tmp_path))
+    handed_in = tmp_path / "submitted" / "learner" / CH00
     for name in ("autograder/__init__.py", "course.py", "harness.cpython-311-x86_64-linux-gnu.so", "a.ipynb"):
         (handed_in / name).parent.mkdir(parents=True, exist_ok=True)
         (handed_in / name).write_text("def grade(*args): pass\n")
     copied = find_all_files(str(handed_in), list(cfg.CourseDirectory.ignore) + ["*.ipynb"])
     importable = [Path(f).relative_to(handed_in).as_posix() for f in copied if f.endswith((".py", ".so"))]
-    assert not importable, (
-        f"autograde would copy {importable} next to the learner's notebook, where the kernel imports them"
-    )
+    assert not importable, f"autograde would copy {importable} next to the learner's notebook"
 
 
-@cache
-def edge_chapter() -> str | None:
-    """Where the deleted test cell and the endless loop go: the first chapter (01 by preference)
-    with a task whose answer can loop while a later task is graded."""
-    for name in sorted(CHAPTERS, key=lambda n: (not n.startswith("01_"), n)):
-        if Plan(_nb(CHAPTERS[name])).loop_fill():
-            return name
-    return None
+# ----------------------------------------------------------------------------- a failed step
 
 
-def test_a_chapter_takes_the_deleted_test_cell_and_the_endless_loop():
-    assert edge_chapter(), (
-        "no chapter has a task whose answer cell can loop forever while a later task is solved: "
-        "the deleted-test-cell and endless-loop cases are not covered"
-    )
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (the gradebook by its content, which SQLite may lay out anew)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_symlink() or p.is_dir():
+            continue
+        rel = p.relative_to(root).as_posix()
+        if p.name == "gradebook.db":
+            with sqlite3.connect(p) as conn:
+                out[rel] = "\n".join(conn.iterdump()).encode()
+        else:
+            out[rel] = p.read_bytes()
+    return out
 
 
-@pytest.mark.parametrize("assignment", _chapter_params())
-def test_generate_autograde_feedback_export(assignment, tmp_path, grading_env):
-    """Learners hand in the chapter; the CSV says full, zero and partly right.
+def _break(notebook: Path) -> None:
+    """A source notebook mid-edit: a hidden-tests region opened and never closed."""
+    nb = _nb(notebook)
+    cell = next(c for c in nb["cells"] if _meta(c).get("grade"))
+    cell["source"] = _src(cell).replace("### END HIDDEN TESTS", "")
+    notebook.write_text(json.dumps(nb, indent=1))
 
-    On the edge chapter the partly right learner also deleted the test cell of a task they
-    solved (nbgrader puts it back and grades it), left an endless loop in another task's answer
-    cell (the per-cell time limit cuts it; that task scores 0, the later ones are graded) and
-    emptied that task's test cell (nbgrader grades the original).
-    """
-    edge = assignment == edge_chapter()
-    limit = f"c.Execute.timeout = {SHORT_CELL_TIMEOUT}\nc.ExecutePreprocessor.timeout = {SHORT_CELL_TIMEOUT}\n"
-    course = Course(tmp_path / "course", grading_env, [assignment], extra_config=limit if edge else "")
-    source = _nb(CHAPTERS[assignment])
-    plan = Plan(source)
-    assert plan.tasks, f"{assignment} has no autograded test cell"
 
-    course.nbgrader("generate_assignment", assignment, "--force")
-    released = course.released(assignment)
-    released_text = json.dumps(released)
-    for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS"):
-        assert marker not in released_text, f"the released {assignment} notebook still contains {marker!r}"
+def test_a_failed_step_leaves_the_course_as_it_was(tmp_path, monkeypatch):
+    """Steps run without the venv active (only the command's own path), on a chapter mid-edit: each
+    fails whole, says what to do, and leaves notebooks/ and gradebook.db as they were."""
+    course = tmp_path / "workbook"
+    _course_dir(course)
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": tempfile.gettempdir()}
 
-    fills = {"full": set(plan.answers), "stub": set()}
-    notebooks = {student: submission(released, source, fill) for student, fill in fills.items()}
-    looping = deleted = None
-    if edge:
-        looping, fills["partial"] = plan.loop_fill()
-        deleted = next(t for t in plan.tasks if t in plan.solved(fills["partial"]))
-        # the looping task's test cell is also "fixed" by the learner: nbgrader must grade the original
-        nb = submission(released, source, fills["partial"], replace={looping: ENDLESS, f"check_{looping}": TAMPERED})
-        nb["cells"] = [c for c in nb["cells"] if _meta(c).get("grade_id") != f"check_{deleted}"]
-        notebooks["partial"] = nb
-    elif plan.partial_fill() is not None:
-        fills["partial"] = plan.partial_fill()
-        notebooks["partial"] = submission(released, source, fills["partial"])
-    else:
-        # a chapter with one all-or-nothing task has no partly right submission
-        assert len(plan.tasks) == 1, f"no partial submission found for {plan.tasks}"
-    expected = {student: plan.score(fill) for student, fill in fills.items()}
+    def run(*args: str) -> tuple[int, str]:
+        proc = subprocess.run([str(VENV_BIN / args[0]), *args[1:]], cwd=course, env=env, capture_output=True, text=True)
+        return proc.returncode, proc.stdout + proc.stderr
 
-    # the first chapter's `full` learner goes through nbgrader's exchange (one JupyterHub class),
-    # the others are dropped into submitted/ (what zip_collect or an LMS download gives)
-    via_exchange = "full" if assignment == next(iter(CHAPTERS)) else None
-    if via_exchange:
-        course.nbgrader("release_assignment", assignment)
-        course.hand_in_through_exchange(via_exchange, assignment, lambda fetched: notebooks[via_exchange])
-        course.nbgrader("collect", assignment)
-        assert (course.root / "submitted" / via_exchange / assignment / "timestamp.txt").exists()
-    for student, nb in notebooks.items():
-        if student != via_exchange:
-            course.submit_folder(student, assignment, nb)
+    source01 = course / "solutions" / CH01 / f"{CH01}.ipynb"
+    kept = source01.read_bytes()
+    _break(source01)
+    untouched = _tree(course)
 
-    course.nbgrader("autograde", assignment, "--create", "--force")
-    course.nbgrader("generate_feedback", assignment, "--force")
-    rows = course.grades_csv()
-    if via_exchange:
-        # only this learner used the exchange; the others get their feedback/ folder by other means
-        course.nbgrader("release_feedback", assignment, f"--student={via_exchange}")
-        home = course.learner_home(via_exchange)
-        course.nbgrader("fetch_feedback", assignment, f"--student={via_exchange}", cwd=home)
-        returned = list((home / assignment / "feedback").glob(f"*/{assignment}.html"))
-        assert returned, f"fetch_feedback brought no feedback back to the learner's {home / assignment}"
-        assert f"(Score: {expected[via_exchange]:.1f} / {plan.max_score:.1f})" in feedback_text(returned[0])
-    print(course.report(f"{assignment}, {len(fills)} submissions"))
+    code, out = run("course", "assign", CH01)
+    assert code == 1 and f"run `course assign {CH01}` again" in out, out
+    assert "(RuntimeError: No end hidden tests statement found). Nothing was changed" in out, out
+    assert "Traceback" not in out, out
+    assert _tree(course) == untouched and not (course / "gradebook.db").exists()
 
-    for student, fill in fills.items():
-        solved = plan.solved(fill)
-        graded = course.cell_grades(assignment, student)
-        autograded = course.autograded(assignment, student)
-        for task in plan.tasks:
-            want = plan.points(task) if task in solved else 0.0
-            got = graded.get(f"check_{task}")
-            assert got == want, (
-                f"{assignment}, learner {student!r}: task {task} scored {got} in the gradebook, expected {want} "
-                f"(its answer cells {'hold' if task in solved else 'do not hold'} the solution). Cell output:\n"
-                + cell_output(autograded, f"check_{task}")
-            )
-        row = rows[(assignment, student)]
-        assert float(row["max_score"]) == plan.max_score
-        assert float(row["score"]) == expected[student], (
-            f"grades.csv: {student} scored {row['score']}/{row['max_score']} on {assignment}, expected {expected[student]}"
-        )
-        fb = course.root / "feedback" / student / assignment / f"{assignment}.html"
-        assert fb.exists(), f"no feedback for {student}"
-        text = feedback_text(fb)
-        assert f"{assignment} (Score: {expected[student]:.1f} / {plan.max_score:.1f})" in text
-        if student == "stub":
-            assert "raises NotImplementedError" in text, "the feedback does not tell the learner the task is not done"
-    if "partial" in expected:
-        assert 0 < expected["partial"] < expected["full"], expected
+    code, out = run("course", "grade", CH01)
+    assert code == 2 and f"run `course assign {CH01}` first" in out, out
+    assert _tree(course) == untouched
 
-    if edge:
-        autograded = course.autograded(assignment, "partial")
-        assert any(_meta(c).get("grade_id") == f"check_{deleted}" for c in autograded["cells"]), (
-            f"the deleted test cell check_{deleted} was not put back into the autograded notebook"
-        )
-        loop_cell = next(c for c in autograded["cells"] if _meta(c).get("grade_id") == looping)
-        cut = [f"{o['ename']}: {o['evalue']}" for o in loop_cell.get("outputs", []) if o.get("output_type") == "error"]
-        assert cut, f"the endless loop in {looping}'s answer cell shows no error: was it interrupted at all?"
-        test_cell = next(c for c in autograded["cells"] if _meta(c).get("grade_id") == f"check_{looping}")
-        assert _src(test_cell) != TAMPERED, f"the edited test cell check_{looping} was graded as the learner left it"
-        print(
-            f"{assignment}: the endless loop in {looping} was cut ({cut[0]}); "
-            f"test cells check_{deleted} (deleted) and check_{looping} (edited) restored"
-        )
+    # the gradebook made by a command run without the venv active is whole (alembic found)
+    code, out = run("course", "assign", CH03)
+    assert code == 0, out
+    monkeypatch.setenv("PATH", os.environ.get("PATH", ""))  # course assign puts the venv's bin on PATH: undo after
+    with sqlite3.connect(course / "gradebook.db") as conn:
+        assert conn.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)
+
+    # autograde that cannot grade (no servers) takes back the submission it recorded
+    from nbgrader.api import Gradebook
+
+    from autograder import export
+
+    with Gradebook(f"sqlite:///{course}/gradebook.db", settings.COURSE_ID) as gb:
+        gb.add_student("ada")
+    (course / "submitted" / "ada" / CH03).mkdir(parents=True)
+    shutil.copy(course / "notebooks" / CH03 / f"{CH03}.ipynb", course / "submitted" / "ada" / CH03)
+    recorded = _tree(course)
+    env["COURSE_BACKEND"] = "env"  # and no REDIS_URL, DATABASE_URL
+    code, out = run("nbgrader", "autograde", CH03)
+    del env["COURSE_BACKEND"]
+    assert code != 0 and "no live servers to grade with" in out and "course up --export" in out, out
+    assert _tree(course) == recorded, "a failed autograde left a submission without grades"
+    with Gradebook(f"sqlite:///{course}/gradebook.db", settings.COURSE_ID) as gb:
+        assert [r["status"] for r in export.rows(gb, course) if r["student_id"] == "ada"] == ["not graded"]
+
+    # the same command in this process from here on (no process start): nbgrader has written to the
+    # gradebook by the time it fails, and the gradebook is put back
+    from autograder import assign
+
+    with pytest.raises(assign.AssignError, match="Nothing was changed"):
+        assign.assign(course, [CH01])
+    assert _tree(course) == recorded, "a failed `course assign` changed the course"
+
+    source01.write_bytes(kept)
+    stale = course / "notebooks" / CH01 / f"{CH01}.ipynb"
+    stale.write_text(stale.read_text().replace("not done yet", "not done"))
+    recorded = _tree(course)
+    with pytest.raises(assign.AssignError, match=r"run `make release`, review `git diff notebooks/`"):
+        assign.assign(course, [CH01])
+    assert _tree(course) == recorded
+
+
+def test_a_failed_release_writes_nothing(tmp_path, capsys):
+    """``make release`` generates every chapter before it writes a file: one chapter mid-edit, nothing written."""
+    from autograder import release
+
+    root = tmp_path / "repo"
+    for chapter in (CH03, CH01):
+        shutil.copytree(REPO / "solutions" / chapter, root / "solutions" / chapter)
+        shutil.copytree(REPO / "notebooks" / chapter, root / "notebooks" / chapter)
+    shutil.copytree(REPO / "autograder" / "manifests", root / "autograder" / "manifests")
+    (root / "autograder" / "manifests" / f"{CH03}.json").write_text("{}\n")  # out of date: must stay so
+    _break(root / "solutions" / CH01 / f"{CH01}.ipynb")
+    untouched = _tree(root)
+
+    assert release.main([CH03, CH01], root=root) == 1
+    err = capsys.readouterr().err
+    assert f"could not generate {CH01} (RuntimeError: No end hidden tests statement found)" in err, err
+    assert "Nothing was written" in err and "run `make release` again" in err, err
+    assert _tree(root) == untouched

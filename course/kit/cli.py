@@ -4,6 +4,7 @@ course doctor            is everything a learner needs here, and working?
 course up / course down  start / stop shared servers for a JupyterLab session
 course lab [ARGS...]     servers up, JupyterLab on the workbook, servers down on exit
 course check PATH        grade a notebook as the instructor's autograde would
+course assign CHAPTER    instructors: record a chapter in the gradebook as you hand it out
 course grade ASSIGNMENT  instructors: autograde a whole class, in parallel
 """
 
@@ -305,8 +306,16 @@ def grade_cmd(args) -> int:
     """``course grade``: the class command of :mod:`autograder.classroom`, run as a program."""
     extra = [f"--jobs={args.jobs}"] if args.jobs else []
     extra += [f"--student={s}" for s in args.student or []]
+    extra += [f"--shard={args.shard}"] if args.shard else []
+    extra += [f"--cache={args.cache}"] if args.cache else []
+    extra += ["--no-record"] if args.no_record else []
     extra += ["--no-sandbox"] if args.no_sandbox else []
     return _run_grader("autograder.classroom", args.assignment, *extra)
+
+
+def assign_cmd(args) -> int:
+    """``course assign``: :mod:`autograder.assign`, run as a program."""
+    return _run_grader("autograder.assign", *args.chapters, *([f"--due={args.due}"] if args.due else []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,8 +343,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("assignment", help="the chapter, as nbgrader names it (03_idempotency)")
     p.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: one per core)")
     p.add_argument("--student", action="append", help="only this student (repeatable)")
+    p.add_argument("--shard", metavar="K/N", help="grade only the K-th of N equal shares of the class (one node's)")
+    p.add_argument("--cache", metavar="DIR", help="keep results in DIR (a folder every node sees) instead of locally")
+    p.add_argument("--no-record", action="store_true", help="grade into the cache only; record later, in one run")
     p.add_argument("--no-sandbox", action="store_true", help="grade without the sandbox (not recommended)")
     p.set_defaults(fn=grade_cmd)
+    p = sub.add_parser("assign", help="instructors: record chapters in the gradebook as you hand them out")
+    p.add_argument("chapters", nargs="+", metavar="CHAPTER", help="as nbgrader names it (01_timeouts_and_retries)")
+    p.add_argument("--due", help='due date, e.g. "2026-12-15 17:00:00 UTC"')
+    p.set_defaults(fn=assign_cmd)
     args, extra = parser.parse_known_args(argv)
     if args.command == "lab":
         args.jupyter_args = extra
