@@ -30,7 +30,7 @@ def _stub_function(err: BaseException) -> str:
     while tb.tb_next is not None:
         tb = tb.tb_next
     code = tb.tb_frame.f_code
-    return getattr(code, "co_qualname", code.co_name)
+    return getattr(code, "co_qualname", code.co_name).rpartition("<locals>.")[2]  # not the enclosing function
 
 
 def not_done(err: BaseException | None, _seen: set | None = None) -> str | None:
