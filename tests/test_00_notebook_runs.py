@@ -100,7 +100,7 @@ def _settled(client, nb, first: tuple[int, int], wait: float = 3.0) -> tuple[int
 
     deadline = time.monotonic() + wait
     counts = _connections(client, nb)
-    while (counts[0] > first[0] or counts[1] > first[1]) and time.monotonic() < deadline:
+    while (counts[0] > first[0] or counts[1] > first[1] + 1) and time.monotonic() < deadline:
         time.sleep(0.2)
         counts = _connections(client, nb)
     return counts
@@ -120,7 +120,10 @@ def test_the_solution_runs_twice_in_one_kernel_without_growing_its_connections(c
         after_second = _settled(client, nb, after_first)
     assert not _errors(first), _errors(first)
     assert not _errors(second), f"the second run in the same kernel failed: {_errors(second)}"
-    assert after_second[0] <= after_first[0] and after_second[1] <= after_first[1], (
+    # PostgreSQL pools have fixed sizes: the count holds exactly. A redis-py pool opens one more
+    # connection when all are busy at once, so a re-run may peak one higher; the browser tests
+    # run three times and catch a client that grows on every run.
+    assert after_second[0] <= after_first[0] and after_second[1] <= after_first[1] + 1, (
         f"connections (PostgreSQL, Redis) grew from {after_first} to {after_second} on a second run"
     )
     long = [
