@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autograder import runner, settings
+from course.kit import procs
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
@@ -252,9 +254,12 @@ def _launch(job: dict, key: bytes, sandbox_mode: str) -> tuple[subprocess.Popen,
     argv = [sys.executable, "-m", "autograder.runner", str(write_fd)]
     sandbox = _sandbox(_servers_env(), sandbox_mode)
     try:
+        # Namespaces the run makes belong to this process: inside the sandbox's own pid
+        # namespace a pid means nothing to anyone else (and a reaper must not judge them).
+        owner = json.dumps({"host": socket.gethostname(), **procs.identity()})
         proc = sandbox.popen(
             argv,
-            env={"NBGRADER_EXECUTION": "autograde"},
+            env={"NBGRADER_EXECUTION": "autograde", "COURSE_OWNER": owner},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

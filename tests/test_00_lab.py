@@ -60,3 +60,19 @@ async def test_async_helpers_reach_the_namespace(ans):
     r = ns.redis()
     await r.set("k", "v")
     assert await r.get("k") == "v"
+
+
+def test_a_process_that_cannot_see_the_hosts_processes_records_its_given_owner_and_reaps_nothing(monkeypatch):
+    """Inside a grading sandbox pids are the sandbox's own: a namespace made there belongs to
+    the grader outside, and no claim is judged dead by a pid the sandbox cannot see."""
+    import json
+
+    from course.kit import procs
+
+    outside = {"host": lab._HOST, **procs.identity()}
+    monkeypatch.setenv(lab.OWNER_ENV, json.dumps(outside))
+    assert lab._owner()["pid"] == outside["pid"] and lab._owner()["started"] == outside["started"]
+    gone = {"host": lab._HOST, "pid": 999_999_999, "started": 1.0, "created": 0.0 + lab.time.time()}
+    assert not lab._owner_dead(gone)
+    monkeypatch.delenv(lab.OWNER_ENV)
+    assert lab._owner_dead(gone)

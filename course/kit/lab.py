@@ -51,13 +51,26 @@ def _database_url_with_name(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
+#: A process that cannot see the host's processes (a grading sandbox has a pid namespace of
+#: its own) records the owner it is given here and never judges another owner dead by pid.
+OWNER_ENV = "COURSE_OWNER"
+
+
 def _owner() -> dict:
+    given = os.environ.get(OWNER_ENV)
+    if given:
+        return {**json.loads(given), "created": time.time()}
     return {"host": _HOST, **procs.identity(), "created": time.time()}
 
 
+def _sees_host_processes() -> bool:
+    return not os.environ.get(OWNER_ENV)
+
+
 def _owner_dead(owner: dict) -> bool:
-    """Is the process that claimed a namespace gone? Another host's claims age out instead."""
-    if owner.get("host") != _HOST:
+    """Is the process that claimed a namespace gone? Another host's claims age out instead,
+    and so does every claim seen from a process that cannot see the host's processes."""
+    if owner.get("host") != _HOST or not _sees_host_processes():
         return time.time() - owner.get("created", 0) > CLAIM_TTL
     if not owner.get("pid"):
         return False
@@ -283,7 +296,7 @@ def create(label: str = "run") -> Namespace:
     """Make a new namespace on the live servers (dropped at exit if you forget)."""
     global _reaped
     srv = backends.servers()
-    if not _reaped:
+    if not _reaped and _sees_host_processes():
         _reaped = True
         try:
             reap_databases(srv.database_url)
