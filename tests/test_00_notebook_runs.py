@@ -120,10 +120,13 @@ def test_the_solution_runs_twice_in_one_kernel_without_growing_its_connections(c
         after_second = _settled(client, nb, after_first)
     assert not _errors(first), _errors(first)
     assert not _errors(second), f"the second run in the same kernel failed: {_errors(second)}"
-    # PostgreSQL pools have fixed sizes: the count holds exactly. A redis-py pool opens one more
-    # connection when all are busy at once, so a re-run may peak one higher; the browser tests
-    # run three times and catch a client that grows on every run.
-    assert after_second[0] <= after_first[0] and after_second[1] <= after_first[1] + 1, (
+    # PostgreSQL pools have fixed sizes: the count holds exactly. A redis-py pool opens another
+    # connection when all are busy at once, so a re-run may peak higher, up to the shared
+    # client's bound; the browser tests run three times and catch a client that grows every run.
+    from course.kit.lab import REDIS_MAX_CONNECTIONS
+
+    redis_bound = max(after_first[1] + 1, REDIS_MAX_CONNECTIONS)  # a shared client's pool peaks, bounded
+    assert after_second[0] <= after_first[0] and after_second[1] <= redis_bound, (
         f"connections (PostgreSQL, Redis) grew from {after_first} to {after_second} on a second run"
     )
     long = [

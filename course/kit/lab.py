@@ -33,6 +33,8 @@ from psycopg import sql
 from course.kit import backends, procs
 
 CLAIM_PREFIX = "course:namespace:"
+#: Connections one shared Redis client of a namespace holds at most.
+REDIS_MAX_CONNECTIONS = 64
 CLAIM_TTL = 24 * 3600  # a claim whose owner vanished expires after a day at most
 _HOST = socket.gethostname()
 
@@ -123,17 +125,25 @@ class Namespace:
             return None
         return found
 
-    def redis(self, *, fresh: bool = False, **kwargs):
-        """A ``redis.asyncio.Redis`` client on this namespace's logical database."""
+    def redis(self, *, fresh: bool = False, max_connections: int = REDIS_MAX_CONNECTIONS, **kwargs):
+        """A ``redis.asyncio.Redis`` client on this namespace's logical database.
+
+        Its connection pool is bounded (``max_connections``; a caller past it waits for a
+        free connection), so a burst of concurrent calls, run again and again, never holds
+        more than that many connections open.
+        """
         import asyncio
 
         import redis.asyncio as aioredis
 
         kwargs.setdefault("decode_responses", True)
-        key = ("redis", _loop_id(asyncio), repr(sorted(kwargs.items())))
+        key = ("redis", _loop_id(asyncio), max_connections, repr(sorted(kwargs.items())))
         if not fresh and (client := self._reuse(key)) is not None:
             return client
-        client = aioredis.Redis.from_url(self.redis_url, **kwargs)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.redis_url, max_connections=max_connections, timeout=30, **kwargs
+        )
+        client = aioredis.Redis.from_pool(pool)  # closing the client closes its pool
         self._clients.append(client)
         if not fresh:
             self._shared[key] = client
