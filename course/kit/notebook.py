@@ -68,7 +68,7 @@ def try_it():
         print(message(where))
 
 
-def _handler(shell, etype, value, tb, tb_offset=None):
+def _traceback(shell, etype, value, tb, tb_offset=None) -> list[str]:
     where = not_done(value)
     if where is not None:
         return [message(where)]  # the error output shows this one line
@@ -79,6 +79,17 @@ def _handler(shell, etype, value, tb, tb_offset=None):
         except Exception:  # noqa: BLE001 - fall back to the plain traceback
             pass
     return shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+
+
+def _handler(shell, etype, value, tb, tb_offset=None):
+    """IPython's custom exception handler: it must show the error itself.
+
+    IPython drops what a handler returns, so without ``_showtraceback`` a failing cell shows
+    no output at all (and ipykernel then has no traceback for its reply).
+    """
+    stb = _traceback(shell, etype, value, tb, tb_offset)
+    shell._showtraceback(etype, value, stb)
+    return stb
 
 
 _installed = False
