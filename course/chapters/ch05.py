@@ -102,12 +102,31 @@ def recorder(stream: str, *, fail: dict | None = None, poison: set | None = None
 # ----------------------------------------------------------------------------- errors, live
 
 
-async def live_errors(database_url: str) -> list[tuple[str, BaseException]]:
-    """Real errors a consumer meets: from PostgreSQL, from an HTTP dependency, from bad messages."""
-    from course.retry import live_errors as http_errors
+#: what the HTTP dependency of :func:`live_errors` answers, call after call
+HTTP_STEPS = ("429", "503", "502", "504", "reset", "400", "404", "422")
+
+
+async def http_errors(steps=HTTP_STEPS, *, timeout: float = 0.3) -> list[tuple[str, BaseException]]:
+    """Call a live :class:`~course.kit.faults.FlakyService` once per step with httpx; keep what each raised."""
+    import httpx
+
+    from course.kit.faults import FlakyService, Schedule
 
     out: list[tuple[str, BaseException]] = []
-    for step, err in await http_errors(("429", "503", "502", "504", "reset", "400", "404", "422"), timeout=0.3):
+    async with FlakyService(Schedule(" ".join(steps)), name="ch05-dependency") as svc:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            for step in steps:
+                try:
+                    (await client.get(svc.url + "/item")).raise_for_status()
+                except Exception as err:  # noqa: BLE001 - collecting what each step raises
+                    out.append((step, err))
+    return out
+
+
+async def live_errors(database_url: str) -> list[tuple[str, BaseException]]:
+    """Real errors a consumer meets: from PostgreSQL, from an HTTP dependency, from bad messages."""
+    out: list[tuple[str, BaseException]] = []
+    for step, err in await http_errors():
         out.append((f"HTTP dependency: {step}", err))
     try:
         await asyncio.wait_for(asyncio.sleep(1), 0.01)
