@@ -121,12 +121,19 @@ class Job:
     def _step(self) -> None:
         nb = self.nb
         if self.state == "opening":
+            # a kernel slow to start under load makes JupyterLab ask which kernel to use: the notebook's
+            dialog = nb.page.locator(".jp-Dialog .jp-mod-accept")
+            if dialog.count():
+                self.notes.append(
+                    f"JupyterLab asked to select the kernel: {nb.page.locator('.jp-Dialog').inner_text()!r}"
+                )
+                dialog.first.click()
+                return
             if nb.panel.count() == 0 or nb.status() != "idle":
                 if time.monotonic() - self.opened > 120:
                     raise AssertionError(f"{self.path}: the notebook and its kernel were not ready within 120 s")
                 return
             nb.ready()
-            self.pid = self.runs.server.kernel_pid(self.path)
             self._begin("runmenu:run-all")
         elif self.state == "running":
             prompts = nb.finished()
@@ -163,8 +170,10 @@ class Job:
             run.stopped_at.append(not_run[0])
         run.seconds = time.perf_counter() - self.run_began
         run.saved = self.nb.saved()
-        if self.kind == "solution" and self.pid:
-            run.connections = steady_connections(self.runs.servers, self.pid)
+        if self.kind == "solution":
+            self.pid = self.pid or self.runs.server.kernel_pid(self.path)
+            if self.pid:
+                run.connections = steady_connections(self.runs.servers, self.pid)
         self.done.append(run)
         if len(self.done) < self.repeats:
             self._begin("runmenu:run-all")
