@@ -120,15 +120,9 @@ class Job:
 
     def _step(self) -> None:
         nb = self.nb
+        if self._dialog():
+            return
         if self.state == "opening":
-            # a kernel slow to start under load makes JupyterLab ask which kernel to use: the notebook's
-            dialog = nb.page.locator(".jp-Dialog .jp-mod-accept")
-            if dialog.count():
-                self.notes.append(
-                    f"JupyterLab asked to select the kernel: {nb.page.locator('.jp-Dialog').inner_text()!r}"
-                )
-                dialog.first.click()
-                return
             if nb.panel.count() == 0 or nb.status() != "idle":
                 if time.monotonic() - self.opened > 120:
                     raise AssertionError(f"{self.path}: the notebook and its kernel were not ready within 120 s")
@@ -143,22 +137,48 @@ class Job:
                 return
             self._after_click(prompts)
 
+    def _dialog(self) -> bool:
+        """A dialog over the notebook: a dead kernel fails the job; "Select Kernel" is answered.
+
+        Under load a kernel slow to start makes JupyterLab ask which kernel to use, and the
+        Run All clicked meanwhile runs nothing: the notebook's own kernel is accepted, and
+        :meth:`_after_click` clicks again.
+        """
+        dialog = self.nb.page.locator(".jp-Dialog")
+        if dialog.count() == 0:
+            return False
+        text = " ".join(dialog.first.inner_text().split())
+        if "died" in text or "dead" in text.lower():
+            raise AssertionError(f"{self.path}: JupyterLab says: {text}")
+        self.notes.append(f"{self.path}: JupyterLab asked {text!r}; accepted")
+        dialog.first.locator(".jp-mod-accept").first.click()
+        return True
+
     def _begin(self, command: str) -> None:
         self.nb.begin(command)
         self.run_started = time.perf_counter()
+        self.command = command
         if command == "runmenu:run-all":
             self.current = Run(0.0, [])
             self.run_began = self.run_started
+            self.highest = max(map(_number, self.nb._before), default=0)  # the numbers of the runs before
+            self.retries = 0
         self.state = "running"
 
     def _after_click(self, prompts: list[str]) -> None:
         run = self.current
+        if not any(_number(p) > max(map(_number, self.nb._before), default=0) for p in prompts):
+            # nothing ran: the click met a kernel that was not there yet (see _dialog)
+            self.retries += 1
+            if self.retries > 3:
+                raise AssertionError(f"{self.path}: {self.command} ran no cell, four times: {prompts}")
+            self.notes.append(f"{self.path}: {self.command} ran no cell; clicked again")
+            self.nb.begin(self.command)
+            self.run_started = time.perf_counter()
+            return
         run.prompts = prompts
-        not_run = [i for i, p in enumerate(prompts) if not re.search(r"\d", p)]
-        if self.kind == "solution" and len(self.done) > 0:
-            # a later Run All leaves the earlier numbers on the cells it did not reach
-            highest = max(int(re.sub(r"\D", "", p) or 0) for p in self.done[-1].prompts)
-            not_run = [i for i, p in enumerate(prompts) if int(re.sub(r"\D", "", p) or 0) <= highest]
+        # a cell the run did not reach keeps its number from an earlier run, or none
+        not_run = [i for i, p in enumerate(prompts) if _number(p) <= self.highest]
         if not_run and self.kind == "student" and run.runs <= len(prompts):
             run.stopped_at.append(not_run[0])  # code cell not_run[0] (1-based: the one before it stopped)
             run.runs += 1
@@ -259,6 +279,12 @@ class Job:
         if saved is None:
             return index + 1
         return [i for i, _ in code_cells(saved)].index(index) + 1
+
+
+def _number(prompt: str) -> int:
+    """``[12]:`` -> 12; ``[ ]:`` and ``[*]:`` -> 0."""
+    digits = re.sub(r"\D", "", prompt)
+    return int(digits) if digits else 0
 
 
 def image_sources(cell) -> list[str]:
