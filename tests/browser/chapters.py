@@ -123,7 +123,7 @@ class Job:
         if self._dialog():
             return
         if self.state == "opening":
-            if nb.panel.count() == 0 or nb.status() != "idle":
+            if not nb.connected():
                 if time.monotonic() - self.opened > 120:
                     raise AssertionError(f"{self.path}: the notebook and its kernel were not ready within 120 s")
                 return
@@ -138,11 +138,11 @@ class Job:
             self._after_click(prompts)
 
     def _dialog(self) -> bool:
-        """A dialog over the notebook: a dead kernel fails the job; "Select Kernel" is answered.
+        """A dialog over the notebook: a dead kernel fails the job; any other is dismissed.
 
-        Under load a kernel slow to start makes JupyterLab ask which kernel to use, and the
-        Run All clicked meanwhile runs nothing: the notebook's own kernel is accepted, and
-        :meth:`_after_click` clicks again.
+        "Select Kernel" comes when a click reached a notebook whose kernel was not connected
+        yet; answering it would start another kernel. Dismissed, the click ran nothing, and
+        :meth:`_after_click` clicks again once the kernel is connected.
         """
         dialog = self.nb.page.locator(".jp-Dialog")
         if dialog.count() == 0:
@@ -150,8 +150,8 @@ class Job:
         text = " ".join(dialog.first.inner_text().split())
         if "died" in text or "dead" in text.lower():
             raise AssertionError(f"{self.path}: JupyterLab says: {text}")
-        self.notes.append(f"{self.path}: JupyterLab asked {text!r}; accepted")
-        dialog.first.locator(".jp-mod-accept").first.click()
+        self.notes.append(f"{self.path}: JupyterLab asked {text[:80]!r}; dismissed")
+        self.nb.page.keyboard.press("Escape")
         return True
 
     def _begin(self, command: str) -> None:
@@ -173,6 +173,7 @@ class Job:
             if self.retries > 3:
                 raise AssertionError(f"{self.path}: {self.command} ran no cell, four times: {prompts}")
             self.notes.append(f"{self.path}: {self.command} ran no cell; clicked again")
+            self.nb.ready()
             self.nb.begin(self.command)
             self.run_started = time.perf_counter()
             return

@@ -120,6 +120,13 @@ class LabServer:
             )
         )
 
+    def kernel(self, path: str) -> dict | None:
+        """The kernel model (``execution_state``, ``connections``, ...) of the session on ``path``."""
+        for session in self.api("GET", "/api/sessions").json():
+            if session.get("path") == path and session.get("kernel"):
+                return session["kernel"]
+        return None
+
     def kernel_pid(self, path: str) -> int | None:
         """The process id of the kernel of the session on ``path`` (found by its connection file)."""
         import psutil
@@ -308,13 +315,28 @@ class Notebook:
         if wait:
             self.ready()
 
-    def ready(self) -> Notebook:
-        """Wait until the notebook is shown and its kernel is idle."""
+    def connected(self) -> bool:
+        """Shown, and its kernel started, idle and connected to this page (the server counts the websocket).
+
+        The page's execution indicator alone says "idle" before the kernel exists, and a Run All
+        clicked then makes JupyterLab ask which kernel to start.
+        """
+        if self.panel.count() == 0 or self.status() != "idle":
+            return False
+        kernel = self.server.kernel(self.path)
+        return bool(kernel and kernel.get("execution_state") == "idle" and kernel.get("connections", 0) >= 1)
+
+    def ready(self, timeout: float = 120) -> Notebook:
+        """Wait until :meth:`connected`, then close the left sidebar."""
         self.panel.wait_for(timeout=60_000)
-        self.page.wait_for_function(
-            f"document.querySelector('{PANEL} .jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle'",
-            timeout=90_000,
-        )
+        deadline = time.monotonic() + timeout
+        while not self.connected():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.path}: its kernel was not idle and connected within {timeout:g} s "
+                    f"(page: {self.status()}, server: {self.server.kernel(self.path)})"
+                )
+            time.sleep(0.3)
         # the file browser takes a third of the screenshots: close the left sidebar
         current = self.page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
         if current.count():
