@@ -225,7 +225,8 @@ class LabServer:
 
 
 def kernel_connections(servers, pid: int) -> dict[str, int]:
-    """Connections the kernel ``pid`` holds to its namespaces on the live servers, counted by the servers.
+    """Connections the kernel ``pid`` holds to its namespaces on the live servers, counted by the servers,
+    and how many namespaces (databases) it has.
 
     PostgreSQL: backends in ``pg_stat_activity`` on the kernel's databases (``lab`` names them
     ``course_<label>_<pid>_<hex>``). Redis: clients in ``CLIENT LIST`` on the logical databases
@@ -240,6 +241,7 @@ def kernel_connections(servers, pid: int) -> dict[str, int]:
             "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND datname LIKE %s",
             (pattern,),
         ).fetchone()
+        (databases,) = conn.execute("SELECT count(*) FROM pg_database WHERE datname LIKE %s", (pattern,)).fetchone()
     with redis.Redis.from_url(servers.redis_url, decode_responses=True) as client:
         dbs = set()
         for key in client.scan_iter(match="course:namespace:*", count=1000):
@@ -249,7 +251,7 @@ def kernel_connections(servers, pid: int) -> dict[str, int]:
             except ValueError:
                 continue
         clients = sum(int(c.get("db", -1)) in dbs for c in client.client_list())
-    return {"postgres": postgres, "redis": clients}
+    return {"postgres": postgres, "redis": clients, "namespaces": databases}
 
 
 def steady_connections(servers, pid: int, *, settle: float = 0.5, timeout: float = 10) -> dict[str, int]:
