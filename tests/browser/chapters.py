@@ -91,6 +91,7 @@ class Job:
         self.slider: int | None = None
         self.slider_problem: str | None = None
         self.screenshot: Path | None = None
+        self.kernel_cpu: float | None = None  # CPU seconds its kernel (and the kernel's children) used
 
     @property
     def label(self) -> str:
@@ -218,6 +219,7 @@ class Job:
         self.finished_at = time.perf_counter()
         if self.nb is None:
             return
+        self.kernel_cpu = kernel_cpu(self.pid or self.runs.server.kernel_pid(self.path))
         page, self.nb = self.nb.page, None
         try:
             page.close()
@@ -282,6 +284,23 @@ class Job:
         return [i for i, _ in code_cells(saved)].index(index) + 1
 
 
+def kernel_cpu(pid: int | None) -> float | None:
+    """CPU seconds used by the kernel ``pid`` and its living children (a load generator, say)."""
+    import psutil
+
+    if not pid:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        total = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        return total
+    except psutil.Error:
+        return None
+
+
 def _number(prompt: str) -> int:
     """``[12]:`` -> 12; ``[ ]:`` and ``[*]:`` -> 0."""
     digits = re.sub(r"\D", "", prompt)
@@ -332,8 +351,9 @@ class Runs:
 
     def __init__(self, browser, server, servers, wanted: list[tuple[str, str]], parallel: int):
         self.browser, self.server, self.servers, self.parallel = browser, server, servers, parallel
-        # the solutions (three runs each) first: the longest jobs start early, the short ones fill in
-        order = sorted(wanted, key=lambda w: (w[1] != "solution", w[0]))
+        # longest first, so that no long job starts last while the other tabs sit idle: the solutions
+        # (three runs each) before the students, the later (design) chapters before the earlier ones
+        order = sorted(wanted, key=lambda w: (w[1] != "solution", [-ord(c) for c in w[0]]))
         self.jobs = {(chapter, kind): Job(self, chapter, kind) for chapter, kind in order}
         self.started = time.perf_counter()
         self.ended: float | None = None
@@ -342,7 +362,7 @@ class Runs:
         job = self.jobs[(chapter, kind)]
         while not job.over:
             self.tick()
-            time.sleep(0.3)
+            time.sleep(0.5)
         return job
 
     def tick(self) -> None:
@@ -363,20 +383,35 @@ class Runs:
             self.ended = time.perf_counter()
 
     def table(self) -> list[str]:
-        """The time each chapter took, for the terminal summary."""
-        lines = [f"{'chapter':36} {'student':>8} {'solution runs 1/2/3':>22} {'postgres 1->3':>14} {'redis 1->3':>11}"]
+        """Wall time and kernel CPU of each chapter's notebooks, and the connections, for the terminal summary."""
+        lines = [
+            f"{'chapter':34} {'student s (cpu)':>16} {'solution runs 1/2/3 s (cpu)':>29} "
+            f"{'postgres 1->3':>13} {'redis 1->3':>10}"
+        ]
         for chapter in sorted({c for c, _ in self.jobs}):
             student, solution = self.jobs.get((chapter, "student")), self.jobs.get((chapter, "solution"))
-            s = f"{student.done[0].seconds:7.1f}s" if student and student.done else "       -"
-            runs = "/".join(f"{r.seconds:.1f}" for r in solution.done) if solution and solution.done else "-"
+            s = f"{student.done[0].seconds:.1f} ({_cpu(student)})" if student and student.done else "-"
+            runs = (
+                "/".join(f"{r.seconds:.1f}" for r in solution.done) + f" ({_cpu(solution)})"
+                if solution and solution.done
+                else "-"
+            )
             pg = rd = "-"
             if solution and len(solution.done) == 3 and solution.done[0].connections:
                 one, three = solution.done[0].connections, solution.done[2].connections
                 pg, rd = f"{one['postgres']} -> {three['postgres']}", f"{one['redis']} -> {three['redis']}"
-            lines.append(f"{chapter:36} {s:>8} {runs + ' s':>22} {pg:>14} {rd:>11}")
+            lines.append(f"{chapter:34} {s:>16} {runs:>29} {pg:>13} {rd:>10}")
         if self.ended is not None:
-            lines.append(f"all notebooks, {self.parallel} tabs at a time: {self.ended - self.started:.1f} s")
+            cpu = sum(j.kernel_cpu or 0 for j in self.jobs.values())
+            lines.append(
+                f"all notebooks, {self.parallel} tabs at a time: {self.ended - self.started:.1f} s "
+                f"(their kernels used {cpu:.0f} s of CPU)"
+            )
         return lines
+
+
+def _cpu(job: Job) -> str:
+    return f"{job.kernel_cpu:.0f}" if job.kernel_cpu is not None else "?"
 
 
 def read(path: Path) -> dict:

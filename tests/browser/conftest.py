@@ -40,6 +40,7 @@ from .jlab import (
     OPEN_PAGES,
     REPO,
     SCREENSHOTS,
+    STILL,
     VENV_BIN,
     LabServer,
     chapter_name,
@@ -66,6 +67,24 @@ RUNS: list = []
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "notebook(kind): the test reads the runs of a chapter's student or solution")
+
+
+def pytest_collection_modifyitems(items):
+    """The chapter tests last: their notebooks start with the session and run while the other tests do."""
+    items.sort(key=lambda item: item.get_closest_marker("notebook") is not None)
+
+
+def pytest_runtest_teardown(item):
+    """Between tests, move the chapters' tabs on (a finished run starts the next one)."""
+    for runs in RUNS:
+        runs.tick()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def start_the_chapters(request):
+    """Open the first chapters' notebooks and click Run All before the first test, when chapter tests are selected."""
+    if request.config.stash.get(WANTED, []):
+        request.getfixturevalue("chapter_runs").tick()
 
 
 def pytest_collection_finish(session):
@@ -197,6 +216,7 @@ def browser(tmp_path_factory):
         viewport={"width": 1400, "height": 1000},
     )
     context.set_default_timeout(30_000)
+    context.add_init_script(STILL)
     yield context
     context.close()
     pw.stop()

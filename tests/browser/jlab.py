@@ -36,6 +36,15 @@ CHROMIUM_FLAGS = [
     "--disable-renderer-backgrounding",
 ]
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+#: no CSS animation or transition in the tested pages: a busy kernel's spinner repaints every frame in
+#: every tab, which costs a core when several notebooks run at once (nothing tested depends on them)
+STILL = """
+(() => {
+  const css = "*, *::before, *::after { animation: none !important; transition: none !important; }";
+  const add = () => { const s = document.createElement("style"); s.textContent = css; document.head.appendChild(s); };
+  if (document.head) add(); else document.addEventListener("DOMContentLoaded", add);
+})();
+"""
 #: pages a test opened: screenshot if it fails, then closed (with their kernels) after it
 OPEN_PAGES: list = []
 AFTER_CLOSE: dict = {}
@@ -348,7 +357,9 @@ class Notebook:
     # state -------------------------------------------------------------------------------
 
     def prompts(self) -> list[str]:
-        return [p.strip() for p in self.panel.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()]
+        # textContent, not innerText: polled every half second in several tabs, it must not force a layout
+        texts = self.panel.locator(".jp-CodeCell .jp-InputPrompt").evaluate_all("els => els.map(e => e.textContent)")
+        return [t.strip() for t in texts]
 
     def status(self) -> str | None:
         return self.panel.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status")
