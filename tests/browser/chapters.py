@@ -92,6 +92,7 @@ class Job:
         self.slider_problem: str | None = None
         self.screenshot: Path | None = None
         self.kernel_cpu: float | None = None  # CPU seconds its kernel (and the kernel's children) used
+        self.quick: bool | None = None  # its kernel ran with NBGRADER_EXECUTION=autograde
 
     @property
     def label(self) -> str:
@@ -192,6 +193,8 @@ class Job:
             run.stopped_at.append(not_run[0])
         run.seconds = time.perf_counter() - self.run_began
         run.saved = self.nb.saved()
+        if self.quick is None:
+            self.quick = self.runs.server.kernel_env(self.path).get("NBGRADER_EXECUTION") == "autograde"
         if self.kind == "solution":
             self.pid = self.pid or self.runs.server.kernel_pid(self.path)
             if self.pid:

@@ -113,8 +113,16 @@ class LabServer:
         self.log = home / "server.log"
 
     def _kernelspec(self, env: dict[str, str]) -> None:
-        """The notebooks' ``python3`` kernel, started with ``env`` (the data folder's spec comes first)."""
-        spec = self.home / "data" / "kernels" / "python3"
+        """The notebooks' ``python3`` kernel, started with ``env``.
+
+        In a virtualenv Jupyter looks in the venv before the user's data folder (JUPYTER_PREFER_ENV_PATH),
+        so the venv's own ``python3`` would win over one in JUPYTER_DATA_DIR: this spec goes in a folder
+        on JUPYTER_PATH, which comes before both.
+        """
+        spec = self.home / "path" / "kernels" / "python3"
+        self.env["JUPYTER_PATH"] = os.pathsep.join(
+            filter(None, [str(self.home / "path"), self.env.get("JUPYTER_PATH")])
+        )
         spec.mkdir(parents=True, exist_ok=True)
         (spec / "kernel.json").write_text(
             json.dumps(
@@ -135,6 +143,16 @@ class LabServer:
             if session.get("path") == path and session.get("kernel"):
                 return session["kernel"]
         return None
+
+    def kernel_env(self, path: str) -> dict[str, str]:
+        """The environment of the kernel of the session on ``path`` (empty if it is not found)."""
+        import psutil
+
+        pid = self.kernel_pid(path)
+        try:
+            return psutil.Process(pid).environ() if pid else {}
+        except psutil.Error:
+            return {}
 
     def kernel_pid(self, path: str) -> int | None:
         """The process id of the kernel of the session on ``path`` (found by its connection file)."""

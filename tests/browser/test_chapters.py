@@ -88,6 +88,7 @@ def _job(chapter_runs, chapter: str, kind: str) -> Job:
         pytest.fail(f"{job.path}: {job.error}\n" + "\n".join(job.notes), pytrace=False)
     for note in job.notes:
         print(note)
+    assert job.quick, f"{job.path}: its kernel did not run in quick mode (NBGRADER_EXECUTION=autograde)"
     return job
 
 
