@@ -44,6 +44,17 @@ def test_05_classify_sorts_transient_uncertain_and_permanent(err, kind):
     assert mq.is_transient(err) == (kind != "permanent")
 
 
+async def test_05_the_live_errors_of_the_first_demo_are_real_and_sorted_as_the_table_says(ans):
+    """The notebook's first cell after setup: each error raised live, by httpx and PostgreSQL."""
+    await mq.setup_schema(await ans.pool())
+    kinds = {what: mq.classify(err) for what, err in await ch05.live_errors(ans.database_url)}
+    assert kinds["HTTP dependency: 429"] == kinds["HTTP dependency: 503"] == "transient"
+    assert kinds["HTTP dependency: 504"] == kinds["HTTP dependency: reset"] == "uncertain"
+    assert kinds["HTTP dependency: 404"] == kinds["HTTP dependency: 422"] == "permanent"
+    assert kinds["PostgreSQL: concurrent update (REPEATABLE READ)"] == "transient"
+    assert kinds["PostgreSQL: a required column missing"] == "permanent"
+
+
 def test_05_entry_ids_sort_as_two_numbers_not_text():
     ids = ["5-10", "5-9", "4-100", "5-0"]
     assert sorted(ids, key=mq.entry_order) == ["4-100", "5-0", "5-9", "5-10"]

@@ -87,6 +87,16 @@ async def test_07_wait_for_returns_the_row_once_it_reflects_the_version(pool):
 async def test_07_a_tailing_reader_skips_a_late_commit_unless_appends_take_the_lock(pool, ans):
     assert (await streams.late_commit(ans.database_url, pool, locked=False))["skipped"]
     assert not (await streams.late_commit(ans.database_url, pool, locked=True))["skipped"]
+    assert (await streams.late_commit(ans.database_url, pool, locked=False))["skipped"]  # again, as a re-run does
+
+
+async def test_07_a_race_stream_started_again_is_projected_again(pool, ans):
+    """The notebook's second run: the race's account starts clean, the projector catches up without a duplicate."""
+    for _ in range(2):
+        await streams.fill_stream(pool, "acc-again", 0)
+        await streams.overdraft_race(pool, ans.database_url, "acc-again", n=2, checked=False)
+        await projections.balances.catch_up(pool)
+    assert (await projections.read_balances(pool))["acc-again"][1] == -10_000
 
 
 async def test_07_the_indexer_ignores_older_versions_and_keeps_tombstones(pool):

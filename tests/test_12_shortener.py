@@ -301,3 +301,17 @@ def test_the_demo_redis_dies_and_comes_back_empty_on_the_same_socket():
         assert client.ping() and client.get("k") is None
         client.close()
     assert not demo.run.exists()
+
+
+def test_12_the_outage_plot_draws_the_breaker_band():
+    """The Redis-killed plot from a made-up run: every request kind, the outage, the breaker's states."""
+    import matplotlib.pyplot as plt
+
+    from course.breaker import CLOSED, HALF_OPEN, OPEN
+
+    records = [[t / 10, 2.0, 200, "x", "hit"] for t in range(10)] + [[1.0, 40.0, 503, "x", None]]
+    load = ch12.LoadRun(start=0.0, seconds=2.0, connections=1, records=records)
+    run = ch12.OutageRun("breaker", load, (0.5, 1.5), [(0.0, CLOSED), (0.6, OPEN), (1.2, HALF_OPEN)], {})
+    fig = ch12.plot_outages([run, run])
+    assert len(fig.axes) >= 2
+    plt.close(fig)

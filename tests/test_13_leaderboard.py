@@ -237,3 +237,34 @@ async def test_13_the_live_page_says_not_done_yet_for_a_stub(ans):
         svc.stop()
     assert answer.status_code == 501 and "not done yet: top_and_rank" in answer.text
     assert stream.status_code == 501
+
+
+async def test_13_the_board_feed_wakes_its_streams_and_lets_them_time_out():
+    """Streams wait for the next version with a short timeout, again and again, while the board moves."""
+    from course.chapters.ch13.live import BoardFeed
+
+    reads = 0
+
+    async def read() -> dict:
+        nonlocal reads
+        reads += 1
+        return {"top": reads // 3}  # a new snapshot every third read
+
+    feed = BoardFeed(read, interval=0)
+    assert await feed.after(0, 0.01) == 0  # nothing yet: the wait times out
+    runner = asyncio.create_task(feed.run())
+
+    async def stream() -> list[int]:
+        seen, versions = 0, []
+        while len(versions) < 50:
+            now = await feed.after(seen, 0.0005)
+            if now != seen:
+                versions.append(now)
+            seen = now
+        return versions
+
+    try:
+        for versions in await asyncio.gather(*(stream() for _ in range(20))):
+            assert versions == sorted(set(versions)), versions
+    finally:
+        runner.cancel()

@@ -1,13 +1,19 @@
 """JupyterLab in a real browser: JupyterLab servers on a copy of the workbook, driven by headless Chromium.
 
 `make test-browser` runs ``tests/browser/setup.sh`` first (Debian's chromium and the playwright
-package, never a browser download), then these tests with ``pytest -p no:xdist``.
+package, never a browser download), then these tests with ``pytest -p no:xdist``. Without
+chromium (and no root to install it) or without playwright, every test here is skipped with
+the reason.
 
 Two JupyterLab servers share one temporary copy of the workbook (``solutions/``,
 ``notebooks/`` and an nbgrader config made by ``autograder.settings.apply``):
 
-- the learner's: formgrader and the instructor's "Create assignment" toolbar hidden the way
-  docs/INSTRUCTORS.md tells instructors to hide them; the chapters run here;
+- the learner's, configured exactly as ``course lab`` configures it (``course.kit.cli.lab_command``:
+  the learner's Jupyter config in ``course/kit/jupyter/learner/`` hides formgrader, the "Create
+  assignment" toolbar and the news); the chapters run here, their kernels in **quick mode**:
+  started with ``NBGRADER_EXECUTION=autograde`` (a kernelspec of this server), so
+  ``course.grading()`` is true and every demo shrinks its sizes as it does under nbgrader, the
+  hidden test cells of a solution grade it, and ``selfcheck`` says it is skipped;
 - the instructor's: nbgrader's extensions as installed, for formgrader.
 
 Each server gets its own Jupyter config, data, runtime, settings and workspace folders, the
@@ -18,7 +24,7 @@ kernels are stopped at the end. Screenshots go to ``artifacts/screenshots/``.
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -31,11 +37,10 @@ from .jlab import (
     AFTER_CLOSE,
     CHROMIUM,
     CHROMIUM_FLAGS,
-    LEARNER_HIDDEN_PLUGINS,
-    LEARNER_SERVER_CONFIG,
     OPEN_PAGES,
     REPO,
     SCREENSHOTS,
+    STILL,
     VENV_BIN,
     LabServer,
     chapter_name,
@@ -54,7 +59,50 @@ def fresh_screenshots():
         old.unlink()
 
 
+#: (chapter, "student" | "solution") of the selected tests, known once collection is over
+WANTED = pytest.StashKey[list]()
+#: the session's chapter runs, for the summary
+RUNS: list = []
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "notebook(kind): the test reads the runs of a chapter's student or solution")
+
+
+def pytest_collection_modifyitems(items):
+    """The chapter tests last: their notebooks start with the session and run while the other tests do."""
+    items.sort(key=lambda item: item.get_closest_marker("notebook") is not None)
+
+
+def pytest_runtest_teardown(item):
+    """Between tests, move the chapters' tabs on (a finished run starts the next one)."""
+    for runs in RUNS:
+        runs.tick()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def start_the_chapters(request):
+    """Open the first chapters' notebooks and click Run All before the first test, when chapter tests are selected."""
+    if request.config.stash.get(WANTED, []):
+        request.getfixturevalue("chapter_runs").tick()
+
+
+def pytest_collection_finish(session):
+    """Which notebooks to run: only those of the selected tests (``-k 05`` runs chapter 05's)."""
+    wanted = []
+    for item in session.items:
+        marker = item.get_closest_marker("notebook")
+        chapter = getattr(item, "callspec", None) and item.callspec.params.get("chapter")
+        if marker and chapter and (chapter, marker.args[0]) not in wanted:
+            wanted.append((chapter, marker.args[0]))
+    session.config.stash[WANTED] = wanted
+
+
 def pytest_terminal_summary(terminalreporter):
+    for runs in RUNS:
+        terminalreporter.write_sep("-", "chapters in JupyterLab (quick mode), measured")
+        for line in runs.table():
+            terminalreporter.write_line(line)
     shots = sorted(SCREENSHOTS.glob("*.png"))
     if shots:
         terminalreporter.write_sep("-", "browser screenshots")
@@ -119,13 +167,17 @@ def workbook(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def learner_lab(workbook, live_env, tmp_path_factory):
-    """JupyterLab as a learner gets it: nbgrader's assignment list, no formgrader, no "Create assignment"."""
-    server = LabServer("learner", workbook, tmp_path_factory.mktemp("learner-lab"), live_env)
-    # the commands docs/INSTRUCTORS.md gives; `lock` keeps the Plugin Manager from re-enabling them
-    server.jupyter("labextension", "disable", "--level=user", *LEARNER_HIDDEN_PLUGINS)
-    server.jupyter("labextension", "lock", "--level=user", *LEARNER_HIDDEN_PLUGINS)
-    # `jupyter server extension disable` refuses nbgrader's sub-extensions; this is the documented JSON
-    (server.config_dir / "jupyter_server_config.json").write_text(json.dumps(LEARNER_SERVER_CONFIG, indent=2))
+    """JupyterLab as ``course lab`` starts it for a learner, its kernels in quick mode (see above)."""
+    from course.kit import cli
+
+    _, learner = cli.lab_command([], instructor=False)  # JUPYTER_CONFIG_PATH: the learner's config
+    server = LabServer(
+        "learner",
+        workbook,
+        tmp_path_factory.mktemp("learner-lab"),
+        {**live_env, **learner},
+        kernel_env={"NBGRADER_EXECUTION": "autograde"},
+    )
     server.start()
     yield server
     server.stop()
@@ -146,8 +198,14 @@ def instructor_lab(workbook, live_env, tmp_path_factory):
 def browser(tmp_path_factory):
     """Headless Debian Chromium in a fresh profile, through playwright (never a downloaded browser)."""
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"no chromium at {CHROMIUM}: run `bash tests/browser/setup.sh` (or `make test-browser`)")
-    from playwright.sync_api import sync_playwright
+        pytest.skip(
+            f"no Chromium at {CHROMIUM} (install it: sudo apt-get install chromium, or set CHROMIUM); "
+            "these tests never download a browser"
+        )
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright package is not installed (bash tests/browser/setup.sh installs it)")
 
     pw = sync_playwright().start()
     context = pw.chromium.launch_persistent_context(
@@ -158,6 +216,31 @@ def browser(tmp_path_factory):
         viewport={"width": 1400, "height": 1000},
     )
     context.set_default_timeout(30_000)
+    context.add_init_script(STILL)
     yield context
     context.close()
     pw.stop()
+
+
+# ----------------------------------------------------------------------------- the chapters
+
+
+@pytest.fixture(scope="session")
+def chapter_runs(request, learner_lab, browser):
+    """Every selected chapter's notebooks, run in tabs of one browser, ``BROWSER_TABS`` (default 4) at a time."""
+    from course.kit import backends
+
+    from .chapters import Runs
+
+    runs = Runs(
+        browser,
+        learner_lab,
+        backends.servers(),
+        request.config.stash.get(WANTED, []),
+        parallel=int(os.environ.get("BROWSER_TABS", "4")),
+    )
+    RUNS.append(runs)
+    yield runs
+    for job in runs.jobs.values():
+        if not job.over:
+            job.close()

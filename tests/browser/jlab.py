@@ -30,11 +30,21 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # chapters run in several tabs at once: a tab in the background must render as one in front
+    "--disable-background-timer-throttling",
+    "--disable-backgrounding-occluded-windows",
+    "--disable-renderer-backgrounding",
 ]
-#: the plugins and server extension an instructor hides from learners (docs/INSTRUCTORS.md)
-LEARNER_HIDDEN_PLUGINS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment"]
-LEARNER_SERVER_CONFIG = {"ServerApp": {"jpserver_extensions": {"nbgrader.server_extensions.formgrader": False}}}
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+#: no CSS animation or transition in the tested pages: a busy kernel's spinner repaints every frame in
+#: every tab, which costs a core when several notebooks run at once (nothing tested depends on them)
+STILL = """
+(() => {
+  const css = "*, *::before, *::after { animation: none !important; transition: none !important; }";
+  const add = () => { const s = document.createElement("style"); s.textContent = css; document.head.appendChild(s); };
+  if (document.head) add(); else document.addEventListener("DOMContentLoaded", add);
+})();
+"""
 #: pages a test opened: screenshot if it fails, then closed (with their kernels) after it
 OPEN_PAGES: list = []
 AFTER_CLOSE: dict = {}
@@ -73,7 +83,10 @@ def run_tool(cmd: list[str], *, env: dict[str, str], cwd: Path) -> str:
 class LabServer:
     """One ``jupyter lab`` process on the workbook copy, with its own Jupyter folders."""
 
-    def __init__(self, name: str, root: Path, home: Path, env: dict[str, str]):
+    def __init__(
+        self, name: str, root: Path, home: Path, env: dict[str, str], *, kernel_env: dict[str, str] | None = None
+    ):
+        """``env`` is the server's (and so its kernels'); ``kernel_env`` only its kernels' (a kernelspec)."""
         self.name, self.root, self.home = name, root, home
         self.token = secrets.token_hex(16)
         self.config_dir = home / "config"
@@ -94,8 +107,65 @@ class LabServer:
         # tests/conftest.py sets MPLBACKEND=Agg for nbclient runs; a learner's kernel has the inline backend
         self.env.pop("MPLBACKEND", None)
         self.app_settings = app_settings
+        if kernel_env:
+            self._kernelspec(kernel_env)
         self.proc: subprocess.Popen | None = None
         self.log = home / "server.log"
+
+    def _kernelspec(self, env: dict[str, str]) -> None:
+        """The notebooks' ``python3`` kernel, started with ``env``.
+
+        In a virtualenv Jupyter looks in the venv before the user's data folder (JUPYTER_PREFER_ENV_PATH),
+        so the venv's own ``python3`` would win over one in JUPYTER_DATA_DIR: this spec goes in a folder
+        on JUPYTER_PATH, which comes before both.
+        """
+        spec = self.home / "path" / "kernels" / "python3"
+        self.env["JUPYTER_PATH"] = os.pathsep.join(
+            filter(None, [str(self.home / "path"), self.env.get("JUPYTER_PATH")])
+        )
+        spec.mkdir(parents=True, exist_ok=True)
+        (spec / "kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "Python 3 (ipykernel)",
+                    "language": "python",
+                    "env": env,
+                    "metadata": {"debugger": True},
+                },
+                indent=1,
+            )
+        )
+
+    def kernel(self, path: str) -> dict | None:
+        """The kernel model (``execution_state``, ``connections``, ...) of the session on ``path``."""
+        for session in self.api("GET", "/api/sessions").json():
+            if session.get("path") == path and session.get("kernel"):
+                return session["kernel"]
+        return None
+
+    def kernel_env(self, path: str) -> dict[str, str]:
+        """The environment of the kernel of the session on ``path`` (empty if it is not found)."""
+        import psutil
+
+        pid = self.kernel_pid(path)
+        try:
+            return psutil.Process(pid).environ() if pid else {}
+        except psutil.Error:
+            return {}
+
+    def kernel_pid(self, path: str) -> int | None:
+        """The process id of the kernel of the session on ``path`` (found by its connection file)."""
+        import psutil
+
+        ids = [s["kernel"]["id"] for s in self.api("GET", "/api/sessions").json() if s.get("path") == path]
+        if not ids:
+            return None
+        wanted = f"kernel-{ids[0]}.json"
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(arg.endswith(wanted) for arg in proc.info["cmdline"] or ()):
+                return proc.pid
+        return None
 
     def jupyter(self, *args: str) -> str:
         """Run a ``jupyter`` command against this server's config folder (as a user would)."""
@@ -178,6 +248,52 @@ class LabServer:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 
 
+# ----------------------------------------------------------------------------- what a kernel holds
+
+
+def kernel_connections(servers, pid: int) -> dict[str, int]:
+    """Connections the kernel ``pid`` holds to its namespaces on the live servers, counted by the servers,
+    and how many namespaces (databases) it has.
+
+    PostgreSQL: backends in ``pg_stat_activity`` on the kernel's databases (``lab`` names them
+    ``course_<label>_<pid>_<hex>``). Redis: clients in ``CLIENT LIST`` on the logical databases
+    the kernel has claimed (``course:namespace:<db>`` records its pid).
+    """
+    import psycopg
+    import redis
+
+    pattern = f"course\\_%\\_{pid}\\_%"
+    with psycopg.connect(servers.database_url, autocommit=True, connect_timeout=10) as conn:
+        (postgres,) = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND datname LIKE %s",
+            (pattern,),
+        ).fetchone()
+        (databases,) = conn.execute("SELECT count(*) FROM pg_database WHERE datname LIKE %s", (pattern,)).fetchone()
+    with redis.Redis.from_url(servers.redis_url, decode_responses=True) as client:
+        dbs = set()
+        for key in client.scan_iter(match="course:namespace:*", count=1000):
+            try:
+                if json.loads(client.get(key) or "{}").get("pid") == pid:
+                    dbs.add(int(key.rsplit(":", 1)[1]))
+            except ValueError:
+                continue
+        clients = sum(int(c.get("db", -1)) in dbs for c in client.client_list())
+    return {"postgres": postgres, "redis": clients, "namespaces": databases}
+
+
+def steady_connections(servers, pid: int, *, settle: float = 0.5, timeout: float = 10) -> dict[str, int]:
+    """:func:`kernel_connections` once two readings ``settle`` s apart agree (a closed pool's backends exit late)."""
+    deadline = time.monotonic() + timeout
+    last = kernel_connections(servers, pid)
+    while time.monotonic() < deadline:
+        time.sleep(settle)
+        now = kernel_connections(servers, pid)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 # ----------------------------------------------------------------------------- pages
 
 
@@ -228,13 +344,28 @@ class Notebook:
         if wait:
             self.ready()
 
-    def ready(self) -> Notebook:
-        """Wait until the notebook is shown and its kernel is idle."""
+    def connected(self) -> bool:
+        """Shown, and its kernel started, idle and connected to this page (the server counts the websocket).
+
+        The page's execution indicator alone says "idle" before the kernel exists, and a Run All
+        clicked then makes JupyterLab ask which kernel to start.
+        """
+        if self.panel.count() == 0 or self.status() != "idle":
+            return False
+        kernel = self.server.kernel(self.path)
+        return bool(kernel and kernel.get("execution_state") == "idle" and kernel.get("connections", 0) >= 1)
+
+    def ready(self, timeout: float = 120) -> Notebook:
+        """Wait until :meth:`connected`, then close the left sidebar."""
         self.panel.wait_for(timeout=60_000)
-        self.page.wait_for_function(
-            f"document.querySelector('{PANEL} .jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle'",
-            timeout=90_000,
-        )
+        deadline = time.monotonic() + timeout
+        while not self.connected():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.path}: its kernel was not idle and connected within {timeout:g} s "
+                    f"(page: {self.status()}, server: {self.server.kernel(self.path)})"
+                )
+            time.sleep(0.3)
         # the file browser takes a third of the screenshots: close the left sidebar
         current = self.page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
         if current.count():
@@ -244,7 +375,9 @@ class Notebook:
     # state -------------------------------------------------------------------------------
 
     def prompts(self) -> list[str]:
-        return [p.strip() for p in self.panel.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()]
+        # textContent, not innerText: polled every half second in several tabs, it must not force a layout
+        texts = self.panel.locator(".jp-CodeCell .jp-InputPrompt").evaluate_all("els => els.map(e => e.textContent)")
+        return [t.strip() for t in texts]
 
     def status(self) -> str | None:
         return self.panel.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status")
@@ -287,6 +420,21 @@ class Notebook:
                     return before
                 time.sleep(0.1)
         raise AssertionError(f"{self.path}: {command} was clicked three times and no cell started")
+
+    def begin(self, command: str = "runmenu:run-all") -> None:
+        """Start a run and return at once; :meth:`finished` tells when it is over."""
+        self._before = self.start(command)
+        self._last = None
+        self._began = time.perf_counter()
+
+    def finished(self) -> list[str] | None:
+        """The prompts once the run :meth:`begin` started is over (as :meth:`settle` decides), else None."""
+        prompts, status = self.prompts(), self.status()
+        done = prompts != self._before and status == "idle" and not any("*" in p for p in prompts)
+        if done and prompts == self._last:
+            return prompts
+        self._last = prompts if done else None
+        return None
 
     def run_all(self, timeout: float = 300) -> list[str]:
         return self.settle(self.start("runmenu:run-all"), timeout)

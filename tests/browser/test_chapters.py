@@ -1,201 +1,229 @@
-"""Chapters 00 and 01 in JupyterLab, in headless Chromium, the way a learner runs them.
+"""Every chapter in the learner's JupyterLab, in headless Chromium, the way a learner runs it.
 
-The solution notebook runs top to bottom with no error output, draws its plots, renders its
-widgets, and a slider moved with the mouse redraws its plot; its self-check gives full
-marks. The student notebook shows NotImplementedError for every stub, and the self-check
-run from inside the notebook reports every task as not done.
+The chapters are found in ``solutions/`` (a chapter added later is covered without an edit
+here). For each chapter:
+
+- its **student notebook** (every answer a stub, as released in ``notebooks/``): one Run All
+  reaches the last cell; no output (error outputs, stderr streams, printed text) shows a
+  traceback, only the one-line "not done yet" of an unfinished task; each task's test cell
+  says "not done yet"; a screenshot is kept in ``artifacts/screenshots/NN_slug-student.png``;
+- its **solution notebook**: Run All three times in one kernel, each run reaching the last
+  cell with no error output (its hidden test cells grade every task, so a failing reference
+  fails here too); its plots drawn and widgets rendered in the page, a slider next to a plot
+  redraws it (chapters 00 and 01 must have one); the connections its kernel holds on the live
+  servers after three runs equal those after one (PostgreSQL's ``pg_stat_activity`` on the
+  kernel's databases), and its Redis clients (``CLIENT LIST`` on its logical databases) do not
+  climb from run to run; a screenshot.
+
+The notebooks run in **quick mode**: their kernels start with ``NBGRADER_EXECUTION=autograde``
+(see conftest.py), so ``course.grading()`` is true and every demo shrinks its sizes as it does
+while nbgrader grades; ``selfcheck`` then prints that it is skipped. They run in several tabs
+of one browser at once (``BROWSER_TABS``, default 4) against one JupyterLab server; each test
+reads what its chapter's run recorded (``chapters.py``). The terminal summary prints the time
+each chapter took.
+
+A problem found in a chapter someone else is rewriting is marked xfail with what the learner
+sees (``KNOWN``), so this file says what is left to fix there.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import time
 
 import pytest
 
-from .jlab import REPO, Notebook, chapter_name, screenshot
+from .chapters import Job, chapters, code_cells, meta, output_text, plain
 
-CHAPTERS = ["00", "01"]
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+CHAPTERS = chapters()
+NOT_DONE = "not done yet"
+SLIDER_REQUIRED = ("00", "01")  # the chapters whose solution shows a slider next to a plot
+
+#: (chapter number, test name) -> what the learner sees; these tests are expected to fail
+KNOWN: dict[tuple[str, str], str] = {
+    ("00", "test_student_notebook_run_all_reaches_the_last_cell"): (
+        "chapter 00 is being rewritten: its try-it cell (code cell 12, `print(await count_visit(...))`) calls the "
+        "stub outside `with try_it():`, shows 'not done yet: count_visit ...' as an error and stops Run All there"
+    ),
+    ("01", "test_student_notebook_run_all_reaches_the_last_cell"): (
+        "chapter 01 is being rewritten: its try-it cells 23 (is_retryable), 26 (with_retry) and 29 "
+        "(test_survives_three_of_five_failures) call the stubs outside `with try_it():`; each stops Run All"
+    ),
+    ("02", "test_student_notebook_run_all_reaches_the_last_cell"): (
+        "chapter 02 is being rewritten: its try-it cells 20 (CircuitBreaker) and 23 (Bulkhead) build the stub "
+        "classes outside `with try_it():`; each shows 'not done yet: __init__ ...' and stops Run All"
+    ),
+    ("03", "test_student_notebook_run_all_reaches_the_last_cell"): (
+        "chapter 03 is being rewritten: try-it cells 23 (create_order behind the orders app) and 26 "
+        "(consume_payment_event) are not wrapped in `with try_it():`; each stops Run All"
+    ),
+    ("03", "test_student_notebook_shows_no_traceback"): (
+        "chapter 03 is being rewritten: code cell 23 posts to the orders app with the create_order stub and shows "
+        "HTTPStatusError: Server error '500 Internal Server Error' with a 42-line traceback (issue 21, point 1)"
+    ),
+    ("03", "test_solution_runs_three_times_without_an_error"): (
+        "chapter 03 is being rewritten: on the second Run All in one kernel, code cell 2 stops with UniqueViolation "
+        "(INSERT INTO accounts ... VALUES (100, 0): key 100 exists from the first run)"
+    ),
+    ("04", "test_student_notebook_run_all_reaches_the_last_cell"): (
+        "chapter 04 is being rewritten: try-it cells 30 (get_cached) and 34 (get_user_cached) are not wrapped in "
+        "`with try_it():`, and get_cached's test cell (31) raises TaskFailed on the stub; each stops Run All"
+    ),
+    ("04", "test_student_notebook_shows_no_traceback"): (
+        "chapter 04 is being rewritten: get_cached's test cell (code cell 31) says '[FAIL] 50 concurrent calls on "
+        "an empty cache: 50 raised (50 x NotImplementedError: not done yet)' and a red TaskFailed, not "
+        "'get_cached: not done yet' (issue 21, point 1)"
+    ),
+}
 
 
-def _chapter(number: str) -> str:
-    name = chapter_name(number)
-    if name is None:
-        pytest.skip(f"chapter {number} is not written yet: no solutions/{number}_*/{number}_*.ipynb")
-    return name
+def _known(request, chapter: str) -> None:
+    reason = KNOWN.get((chapter[:2], request.node.originalname))
+    if reason:
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
 
 
-def _meta(cell: dict) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
+def _job(chapter_runs, chapter: str, kind: str) -> Job:
+    job = chapter_runs.wait(chapter, kind)
+    if job.error:
+        pytest.fail(f"{job.path}: {job.error}\n" + "\n".join(job.notes), pytrace=False)
+    for note in job.notes:
+        print(note)
+    assert job.quick, f"{job.path}: its kernel did not run in quick mode (NBGRADER_EXECUTION=autograde)"
+    return job
 
 
-def _tasks(name: str) -> list[str]:
-    """The chapter's autograded tasks, from the test cells of its solution notebook."""
-    nb = json.loads((REPO / "solutions" / name / f"{name}.ipynb").read_text())
+def _tasks(saved: dict) -> list[str]:
     return [
-        _meta(c)["grade_id"].removeprefix("check_")
-        for c in nb["cells"]
-        if c["cell_type"] == "code" and _meta(c).get("grade") and not _meta(c).get("solution")
+        meta(c)["grade_id"].removeprefix("check_")
+        for c in saved["cells"]
+        if c["cell_type"] == "code" and meta(c).get("grade") and not meta(c).get("solution")
     ]
 
 
-def _text(cell: dict) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out["output_type"] == "stream":
-            parts.append("".join(out["text"]))
-        elif out["output_type"] == "error":
-            parts.append(f"{out['ename']}: {out['evalue']}")
-        else:
-            parts.append("".join(out.get("data", {}).get("text/plain", "")))
-    return "\n".join(parts)
+def _first_lines(text: str, n: int = 3) -> str:
+    lines = [line for line in plain(text).splitlines() if line.strip()]
+    more = f" ... ({len(lines)} lines)" if len(lines) > n else ""
+    return " | ".join(line.strip()[:160] for line in lines[:n]) + more
 
 
-def _code(nb: dict) -> list[tuple[int, dict]]:
-    return [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+def _problems(saved: dict, *, allow_not_done: bool) -> list[str]:
+    """Every output that shows a traceback or an error, by code cell number (what the prompts count)."""
+    found = []
+    for number, (_, cell) in enumerate(code_cells(saved), 1):
+        for out in cell["outputs"]:
+            text = plain(output_text(out))
+            lines = [line for line in text.splitlines() if line.strip()]
+            if out["output_type"] == "error":
+                if allow_not_done and len(lines) == 1 and lines[0].startswith(NOT_DONE):
+                    continue
+                found.append(f"code cell {number}: error output {out['ename']}: {_first_lines(text)}")
+            elif out["output_type"] == "stream" and out["name"] == "stderr":
+                found.append(f"code cell {number}: stderr: {_first_lines(text)}")
+            elif "Traceback (most recent call last)" in text:
+                found.append(f"code cell {number}: prints a traceback: {_first_lines(text)}")
+    return found
 
 
-def _image_sources(cell) -> list[str]:
-    return cell.locator(".jp-RenderedImage img").evaluate_all("els => els.map(e => e.src)")
+def _stops(job: Job) -> str:
+    cells = code_cells(job.done[0].saved)
+    said = []
+    for number in job.done[0].stopped_at:
+        _, cell = cells[number - 1]
+        shown = " / ".join(_first_lines(output_text(o), 1) for o in cell["outputs"] if o["output_type"] == "error")
+        said.append(f"code cell {number} ({shown or 'no error output'})")
+    return ", then ".join(said)
 
 
-def _move_a_slider(nb: Notebook, widget_cells: list[int]) -> int:
-    """Drag the first slider whose cell draws a plot; wait for the new plot. Returns the cell index."""
-    for index in widget_cells:
-        cell = nb.cell(index)
-        if cell.locator(".widget-slider").count() == 0 or cell.locator(".jp-RenderedImage img").count() == 0:
-            continue
-        before = _image_sources(cell)
-        handle = cell.locator(".widget-slider .noUi-handle").first
-        track = cell.locator(".widget-slider .noUi-base").first
-        handle.evaluate("e => e.scrollIntoView({block: 'center'})")
-        value_before = handle.get_attribute("aria-valuenow")
-        # a click on the track moves the handle there: one change, one redraw (a drag redraws at every step)
-        box, bar = handle.bounding_box(), track.bounding_box()
-        fraction = (box["x"] + box["width"] / 2 - bar["x"]) / bar["width"]
-        track.click(position={"x": bar["width"] * (0.15 if fraction > 0.6 else 0.9), "y": bar["height"] / 2})
-        value_after = handle.get_attribute("aria-valuenow")
-        assert value_after != value_before, f"dragging the slider in cell {index + 1} left it at {value_before}"
+# ----------------------------------------------------------------------------- the student notebook
 
-        deadline, last, steady = time.monotonic() + 60, None, 0
-        while time.monotonic() < deadline:
-            now = _image_sources(cell)
-            steady = steady + 1 if (now and now != before and now == last and nb.status() == "idle") else 0
-            if steady >= 4:
-                return index
-            last = now
-            time.sleep(0.25)
-        raise AssertionError(
-            f"moved the slider in cell {index + 1} from {value_before} to {value_after}; its plot did not change within 60 s"
+
+@pytest.mark.notebook("student")
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_student_notebook_run_all_reaches_the_last_cell(chapter, chapter_runs, request):
+    """An unfinished task must not stop Run All: test cells print "not done yet", try-it cells use try_it."""
+    _known(request, chapter)
+    job = _job(chapter_runs, chapter, "student")
+    run = job.done[0]
+    print(f"{job.path}: {run.seconds:.1f} s, {run.runs} click(s) to reach the last cell")
+    if run.runs != 1:
+        pytest.fail(
+            f"{job.path}: Run All stopped at {_stops(job)}; it took {run.runs} clicks to reach the last cell",
+            pytrace=False,
         )
-    nb.cell(widget_cells[0]).scroll_into_view_if_needed()
-    raise AssertionError(f"{nb.path}: no slider next to a plot (widget cells: {[i + 1 for i in widget_cells]})")
 
 
-def _check_solution(nb: Notebook, name: str) -> None:
-    """After Run All: no error output, plots drawn, widgets rendered, a slider redraws its plot, full marks."""
-    saved = nb.saved()
-    code = _code(saved)
-
-    not_run = [i + 1 for i, c in code if not c.get("execution_count")]
-    assert not not_run, f"{nb.path}: cells {not_run} did not run"
-    errors = [
-        f"cell {i + 1}: {o['ename']}: {o['evalue']}"
-        for i, c in code
-        for o in c["outputs"]
-        if o["output_type"] == "error"
-    ]
-    assert not errors, "error output in the solution notebook:\n" + "\n".join(errors)
-    stderr = [
-        f"cell {i + 1}: {''.join(o['text'])[:200]}"
-        for i, c in code
-        for o in c["outputs"]
-        if o["output_type"] == "stream" and o["name"] == "stderr"
-    ]
-    if stderr:
-        print("stderr output (shown to the learner in pink):\n" + "\n".join(stderr))
-
-    # plots: every image output is drawn and loaded in the page
-    plot_cells = [i for i, c in code if any("image/png" in o.get("data", {}) for o in c["outputs"])]
-    assert plot_cells or any(WIDGET_MIME in o.get("data", {}) for _, c in code for o in c["outputs"]), "no plot"
-    for i in plot_cells:
-        want = sum("image/png" in o.get("data", {}) for o in saved["cells"][i]["outputs"])
-        loaded = (
-            nb.cell(i)
-            .locator(".jp-RenderedImage img")
-            .evaluate_all("els => els.filter(e => e.complete && e.naturalWidth > 0).length")
-        )
-        assert loaded >= want, f"cell {i + 1} has {want} plots, {loaded} drawn in the page"
-
-    # widgets: every widget output renders, and a slider redraws its plot
-    widget_cells = [i for i, c in code if any(WIDGET_MIME in o.get("data", {}) for o in c["outputs"])]
-    assert widget_cells, f"{nb.path} shows no ipywidgets control"
-    for i in widget_cells:
-        cell = nb.cell(i)
-        assert cell.locator(".jupyter-widgets").count() > 0, f"the widget of cell {i + 1} did not render"
-        text = cell.locator(".jp-OutputArea").first.inner_text()
-        assert "Error displaying widget" not in text, f"cell {i + 1}: {text[:300]}"
-    moved = _move_a_slider(nb, widget_cells)
-    nb.cell(moved).scroll_into_view_if_needed()
-    print(f"{name}: screenshot {screenshot(nb.page, f'{name}-solution')}")
-
-    # the self-check from inside the notebook gives full marks
-    last = _text(saved["cells"][code[-1][0]])
-    total = re.search(r"total: ([\d.]+)/([\d.]+)", last)
-    assert total and total.group(1) == total.group(2), f"the solution's self-check says:\n{last[-800:]}"
+@pytest.mark.notebook("student")
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_student_notebook_shows_no_traceback(chapter, chapter_runs, request):
+    """Every output of the unfinished notebook: no traceback, no stderr, only one-line "not done yet" errors."""
+    _known(request, chapter)
+    job = _job(chapter_runs, chapter, "student")
+    saved = job.done[0].saved
+    problems = _problems(saved, allow_not_done=True) + job.page_problems
+    grade_ids = {meta(c).get("grade_id"): c for c in saved["cells"]}
+    for task in _tasks(saved):
+        test = grade_ids.get(f"check_{task}")
+        shown = "\n".join(output_text(o) for o in (test or {}).get("outputs", []))
+        if f"{task}: {NOT_DONE}" not in shown:
+            problems.append(f"the test cell of {task} does not say '{task}: {NOT_DONE}': {_first_lines(shown)}")
+    print(f"screenshot {job.screenshot}")
+    assert not problems, f"{job.path}, what the learner sees:\n" + "\n".join(problems)
 
 
-def _check_student(nb: Notebook, name: str) -> None:
-    """After running to the end: every stub showed NotImplementedError, the self-check says not done."""
-    tasks = _tasks(name)
-    saved = nb.saved()
-    cells = saved["cells"]
-    grade_ids = {_meta(c).get("grade_id"): i for i, c in enumerate(cells) if _meta(c).get("grade_id")}
-
-    for task in tasks:
-        answer, test = grade_ids.get(task), grade_ids.get(f"check_{task}")
-        assert answer is not None and test is not None, f"{task}: answer or test cell missing"
-        shown = "\n".join(_text(c) for c in cells[answer : test + 1])
-        assert "NotImplementedError" in shown, (
-            f"{task}: running the stub and its test cell showed no NotImplementedError:\n{shown[-600:]}\n"
-            "prompts after each run:\n" + "\n".join(" ".join(p) for p in nb.runs)
-        )
-    assert "NotImplementedError" in nb.panel.inner_text(), "NotImplementedError is not visible in the page"
-
-    last_index = _code(saved)[-1][0]
-    assert "selfcheck" in "".join(cells[last_index]["source"]), "the last code cell is not the self-check"
-    report = _text(cells[last_index])
-    for task in tasks:
-        assert re.search(rf"\[\.\.\]\s+{re.escape(task)}\s+0/[\d.]+\s+not done", report), (
-            f"the self-check does not report {task} as not done:\n{report[-800:]}"
-        )
-    assert re.search(r"total: 0/[\d.]+", report), report[-400:]
-    shown = nb.cell(last_index)
-    shown.scroll_into_view_if_needed()
-    assert "not done" in shown.inner_text()
-    print(f"{name}: screenshot {screenshot(nb.page, f'{name}-student')}")
+# ----------------------------------------------------------------------------- the solution notebook
 
 
-@pytest.mark.parametrize("number", CHAPTERS)
-def test_chapter_in_jupyterlab(number, learner_lab, browser):
-    """The solution and the student notebook of a chapter, each in its own tab and kernel.
+@pytest.mark.notebook("solution")
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_solution_runs_three_times_without_an_error(chapter, chapter_runs, request):
+    """Three Run Alls in one kernel: each reaches the last cell, no error output, plots and widgets shown."""
+    _known(request, chapter)
+    job = _job(chapter_runs, chapter, "solution")
+    problems = []
+    for n, run in enumerate(job.done, 1):
+        if run.stopped_at:
+            problems.append(f"run {n} stopped before code cell {run.stopped_at[0] + 1}")
+        problems += [f"run {n}, {p}" for p in _problems(run.saved, allow_not_done=False)]
+    problems += job.page_problems
+    if job.slider_problem:
+        problems.append(job.slider_problem)
+    elif chapter[:2] in SLIDER_REQUIRED and job.slider is None:
+        problems.append(f"no slider next to a plot (widget cells: {[job.number(i) for i in job.widget_cells]})")
+    print(f"{job.path}: runs of {', '.join(f'{r.seconds:.1f}' for r in job.done)} s; screenshot {job.screenshot}")
+    assert not problems, f"{job.path}:\n" + "\n".join(problems)
 
-    Run All starts in the solution's tab, the student notebook is run to the end in the other
-    tab meanwhile (two kernels on two cores), then both are checked.
-    """
-    name = _chapter(number)
-    solution = Notebook(browser, learner_lab, f"solutions/{name}/{name}.ipynb", wait=False)
-    student = Notebook(browser, learner_lab, f"notebooks/{name}/{name}.ipynb", wait=False)
-    solution.ready(), student.ready()
-    started = time.perf_counter()
-    before = solution.start("runmenu:run-all")
 
-    runs = student.run_to_the_end()
-    print(f"{name}: the student notebook ran to the end in {runs} runs, {time.perf_counter() - started:.1f} s")
-    _check_student(student, name)
+@pytest.mark.notebook("solution")
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_solution_rerun_holds_its_connections(chapter, chapter_runs, request):
+    """The PostgreSQL connections (and namespaces) the kernel holds after three full runs equal those after one;
+    its Redis clients do not climb run after run."""
+    _known(request, chapter)
+    job = _job(chapter_runs, chapter, "solution")
+    assert job.pid, f"{job.path}: the kernel's process was not found"
+    counts = [run.connections for run in job.done]
+    print(f"{job.path}: kernel {job.pid} holds, after each run: {counts}")
+    # a chapter may hold no connection between cells (02's breakers run on virtual dependencies), but the
+    # kernel's namespace must be there: else the count looked at the wrong process
+    assert counts[0]["namespaces"] >= 1, f"{job.path}: no namespace found for kernel {job.pid}: {counts}"
+    after = {what: [c[what] for c in counts] for what in counts[0]}
+    grew = {what: after[what] for what in ("postgres", "namespaces") if after[what][2] != after[what][0]}
+    assert not grew, (
+        f"{job.path}: held by the kernel after runs 1, 2, 3: {grew}; re-running the notebook must not open "
+        "more (ns.pool() gives back the same pool; a pool of a demo's own is closed; a pool that may grow "
+        "with the load, min_size < max_size, changes its count from run to run: give it a fixed size)"
+    )
+    # Redis, reported: redis-py opens a connection whenever all of a client's are busy, so a burst may
+    # peak a little higher on the next run. Only a count that climbs by several on every run fails.
+    redis = after["redis"]
+    if redis[2] != redis[0]:
+        print(f"{job.path}: Redis clients after runs 1, 2, 3: {redis}")
+    assert not (redis[0] < redis[1] < redis[2] and redis[2] - redis[0] >= 4), (
+        f"{job.path}: Redis clients held by the kernel after runs 1, 2, 3: {redis}; a client made on every run "
+        "and never closed?"
+    )
 
-    solution.settle(before, timeout=300)
-    print(f"{name}: the solution's Run All finished after {time.perf_counter() - started:.1f} s")
-    _check_solution(solution, name)
+
+def test_chapters_are_found():
+    assert "00_setup_and_tour" in CHAPTERS, CHAPTERS
+    assert all(re.fullmatch(r"\d\d_[a-z0-9_]+", c) for c in CHAPTERS), CHAPTERS

@@ -561,8 +561,10 @@ async def outage_run(
 
 def plot_outages(runs: list[OutageRun]):
     """One panel per run: every request's latency over time, by where it was served from."""
-    from course.breaker import STATE_COLORS
+    from course.breaker import CLOSED, HALF_OPEN, OPEN
     from course.kit import plotting
+
+    band = {CLOSED: plotting.COLORS["ok"], OPEN: plotting.COLORS["bad"], HALF_OPEN: plotting.COLORS["warn"]}
 
     fig, axes = plotting.figure(13, 2.6 * len(runs), nrows=len(runs), sharex=True)
     axes = list(axes) if len(runs) > 1 else [axes]
@@ -584,7 +586,7 @@ def plot_outages(runs: list[OutageRun]):
         ax.axvspan(*run.down, color=plotting.COLORS["bad"], alpha=0.08, label="Redis killed")
         ends = [t for t, _ in run.transitions[1:]] + [run.load.seconds]
         for (t, state), t_next in zip(run.transitions, ends[: len(run.transitions)], strict=True):
-            ax.axvspan(max(t, 0), t_next, ymin=0.96, ymax=1.0, color=STATE_COLORS[state])
+            ax.axvspan(max(t, 0), t_next, ymin=0.96, ymax=1.0, color=band[state])
         ax.set_yscale("log")
         ax.set_ylabel("latency (ms)")
         ax.set_title(run.summary(), fontsize=9, loc="left")

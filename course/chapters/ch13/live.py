@@ -39,7 +39,14 @@ def season_clock() -> int:
 
 
 class BoardFeed:
-    """Reads ``read()`` every ``interval`` seconds; streams wait for the next version."""
+    """Reads ``read()`` every ``interval`` seconds; streams wait for the next version.
+
+    A waiter holds the :class:`asyncio.Event` of the version it saw; a change sets that event
+    and puts a fresh one in its place. No lock: a stream whose wait times out (every quarter
+    second while the board is quiet) has nothing to give back. (An ``asyncio.Condition``
+    waited on under ``wait_for`` broke here on Python 3.11: "cannot wait on un-acquired lock"
+    in the notebook's stderr, from a stream timing out as the board changed.)
+    """
 
     def __init__(self, read: Callable[[], Awaitable[dict]], interval: float = 0.2) -> None:
         self.read = read
@@ -48,7 +55,7 @@ class BoardFeed:
         self.snapshot: dict | None = None
         self.problem: str | None = None
         self.reads = 0
-        self._changed = asyncio.Condition()
+        self._changed = asyncio.Event()
 
     async def run(self) -> None:
         while True:
@@ -60,18 +67,18 @@ class BoardFeed:
                 problem = f"not done yet: {where or 'top_and_rank'}" if where is not None else f"{type(err).__name__}"
             self.reads += 1
             if snapshot != self.snapshot or problem != self.problem:
-                async with self._changed:
-                    self.snapshot, self.problem = snapshot, problem
-                    self.version += 1
-                    self._changed.notify_all()
+                self.snapshot, self.problem = snapshot, problem
+                self.version += 1
+                changed, self._changed = self._changed, asyncio.Event()
+                changed.set()
             await asyncio.sleep(self.interval)
 
     async def after(self, version: int, timeout: float) -> int:
         """Wait until the feed is past ``version`` (or ``timeout`` passes); the version now."""
-        async with self._changed:
+        if self.version <= version:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.version > version), timeout)
-            return self.version
+                await asyncio.wait_for(self._changed.wait(), timeout)
+        return self.version
 
 
 def _snapshot(top: list[tuple[str, int]], follow: str, rank: int | None) -> dict:

@@ -1,0 +1,421 @@
+"""Every chapter's notebooks in the learner's JupyterLab, several tabs at once, one browser.
+
+A :class:`Job` is one notebook in one tab with its own kernel:
+
+- ``student``: the released notebook (every answer a stub), Run All once; when a cell stops
+  the run, "Run Selected Cell and All Below" from the first cell that did not run, as a
+  learner would, so every cell's output is seen;
+- ``solution``: the source notebook, Run All three times in one kernel; after each run the
+  notebook is saved (its outputs read back from disk) and the connections its kernel holds
+  are counted by the servers.
+
+When a job's runs are over it looks at the page (plots drawn, widgets rendered, a slider
+moved where there is one), keeps a screenshot, then closes the tab, which shuts its kernel
+down. :class:`Runs` drives up to ``parallel`` jobs at a time from one thread (playwright's
+sync API) by polling each tab; the tests only read what the jobs recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .jlab import AFTER_CLOSE, OPEN_PAGES, REPO, Notebook, screenshot, steady_connections
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+RUN_TIMEOUT = 300  # one Run All of one notebook, seconds
+
+
+def chapters() -> list[str]:
+    """``NN_slug`` of every chapter whose source notebook is in solutions/ (a chapter being written is not)."""
+    return sorted(p.name for p in (REPO / "solutions").glob("[0-9][0-9]_*") if (p / f"{p.name}.ipynb").is_file())
+
+
+def meta(cell: dict) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def code_cells(nb: dict) -> list[tuple[int, dict]]:
+    """``(index in the notebook, cell)`` of every code cell."""
+    return [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+
+
+def output_text(out: dict) -> str:
+    if out["output_type"] == "stream":
+        return "".join(out["text"])
+    if out["output_type"] == "error":
+        return "\n".join(out.get("traceback") or [f"{out['ename']}: {out['evalue']}"])
+    return "".join(out.get("data", {}).get("text/plain", ""))
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def plain(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+@dataclass
+class Run:
+    """One Run All (and, for a student notebook, the runs below each stop that followed it)."""
+
+    seconds: float
+    prompts: list[str]
+    runs: int = 1  # clicks it took to reach the last cell
+    stopped_at: list[int] = field(default_factory=list)  # code cells (1-based) after which a click stopped
+    saved: dict | None = None
+    connections: dict[str, int] | None = None
+
+
+class Job:
+    """One notebook in one tab: open it, run it, look at it, close it."""
+
+    def __init__(self, runs: Runs, chapter: str, kind: str):
+        self.runs, self.chapter, self.kind = runs, chapter, kind
+        folder = "notebooks" if kind == "student" else "solutions"
+        self.path = f"{folder}/{chapter}/{chapter}.ipynb"
+        self.repeats = 1 if kind == "student" else 3
+        self.done: list[Run] = []
+        self.state = "waiting"
+        self.error: str | None = None
+        self.pid: int | None = None
+        self.page_problems: list[str] = []  # what the page showed wrong (plots, widgets, slider)
+        self.notes: list[str] = []
+        self.started = self.finished_at = None
+        self.nb: Notebook | None = None
+        self.widget_cells: list[int] = []
+        self.slider: int | None = None
+        self.slider_problem: str | None = None
+        self.screenshot: Path | None = None
+        self.kernel_cpu: float | None = None  # CPU seconds its kernel (and the kernel's children) used
+        self.quick: bool | None = None  # its kernel ran with NBGRADER_EXECUTION=autograde
+
+    @property
+    def label(self) -> str:
+        return f"{self.chapter} {self.kind}"
+
+    @property
+    def over(self) -> bool:
+        return self.state in ("done", "failed")
+
+    # the steps ------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        self.started = time.perf_counter()
+        self.nb = Notebook(self.runs.browser, self.runs.server, self.path, wait=False)
+        # this job closes its own tab: a test's clean-up must not close the tabs of other chapters
+        OPEN_PAGES.remove(self.nb.page)
+        AFTER_CLOSE.pop(self.nb.page, None)
+        self.state = "opening"
+        self.opened = time.monotonic()
+
+    def step(self) -> None:
+        """Move on if the tab is ready for the next step; never waits for a run to finish."""
+        try:
+            self._step()
+        except Exception as err:  # noqa: BLE001 - one tab's trouble must not stop the others
+            self.fail(f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}")
+
+    def _step(self) -> None:
+        nb = self.nb
+        if self._dialog():
+            return
+        if self.state == "opening":
+            if not nb.connected():
+                if time.monotonic() - self.opened > 120:
+                    raise AssertionError(f"{self.path}: the notebook and its kernel were not ready within 120 s")
+                return
+            nb.ready()
+            self._begin("runmenu:run-all")
+        elif self.state == "running":
+            prompts = nb.finished()
+            if prompts is None:
+                if time.perf_counter() - self.run_started > RUN_TIMEOUT:
+                    raise AssertionError(f"{self.path}: a run did not finish within {RUN_TIMEOUT} s: {nb.prompts()}")
+                return
+            self._after_click(prompts)
+
+    def _dialog(self) -> bool:
+        """A dialog over the notebook: a dead kernel fails the job; any other is dismissed.
+
+        "Select Kernel" comes when a click reached a notebook whose kernel was not connected
+        yet; answering it would start another kernel. Dismissed, the click ran nothing, and
+        :meth:`_after_click` clicks again once the kernel is connected.
+        """
+        dialog = self.nb.page.locator(".jp-Dialog")
+        if dialog.count() == 0:
+            return False
+        text = " ".join(dialog.first.inner_text().split())
+        if "died" in text or "dead" in text.lower():
+            raise AssertionError(f"{self.path}: JupyterLab says: {text}")
+        self.notes.append(f"{self.path}: JupyterLab asked {text[:80]!r}; dismissed")
+        self.nb.page.keyboard.press("Escape")
+        return True
+
+    def _begin(self, command: str) -> None:
+        self.nb.begin(command)
+        self.run_started = time.perf_counter()
+        self.command = command
+        if command == "runmenu:run-all":
+            self.current = Run(0.0, [])
+            self.run_began = self.run_started
+            self.highest = max(map(_number, self.nb._before), default=0)  # the numbers of the runs before
+            self.retries = 0
+        self.state = "running"
+
+    def _after_click(self, prompts: list[str]) -> None:
+        run = self.current
+        if not any(_number(p) > max(map(_number, self.nb._before), default=0) for p in prompts):
+            # nothing ran: the click met a kernel that was not there yet (see _dialog)
+            self.retries += 1
+            if self.retries > 3:
+                raise AssertionError(f"{self.path}: {self.command} ran no cell, four times: {prompts}")
+            self.notes.append(f"{self.path}: {self.command} ran no cell; clicked again")
+            self.nb.ready()
+            self.nb.begin(self.command)
+            self.run_started = time.perf_counter()
+            return
+        run.prompts = prompts
+        # a cell the run did not reach keeps its number from an earlier run, or none
+        not_run = [i for i, p in enumerate(prompts) if _number(p) <= self.highest]
+        if not_run and self.kind == "student" and run.runs <= len(prompts):
+            run.stopped_at.append(not_run[0])  # code cell not_run[0] (1-based: the one before it stopped)
+            run.runs += 1
+            self.nb.select(not_run[0])
+            last = not_run[0] == len(prompts) - 1
+            self._begin("notebook:run-cell" if last else "notebook:run-all-below")
+            return
+        if not_run:
+            run.stopped_at.append(not_run[0])
+        run.seconds = time.perf_counter() - self.run_began
+        run.saved = self.nb.saved()
+        if self.quick is None:
+            self.quick = self.runs.server.kernel_env(self.path).get("NBGRADER_EXECUTION") == "autograde"
+        if self.kind == "solution":
+            self.pid = self.pid or self.runs.server.kernel_pid(self.path)
+            if self.pid:
+                run.connections = steady_connections(self.runs.servers, self.pid)
+        self.done.append(run)
+        if len(self.done) < self.repeats:
+            self._begin("runmenu:run-all")
+            return
+        self.look()
+        self.close()
+        self.state = "done"
+
+    def fail(self, why: str) -> None:
+        self.error = why
+        try:
+            if self.nb is not None:
+                name = f"FAILED-{self.chapter}-{self.kind}"
+                self.notes.append(f"screenshot {screenshot(self.nb.page, name).relative_to(REPO)}")
+        except Exception:  # noqa: BLE001 - the screenshot must not hide the failure
+            pass
+        self.close()
+        self.state = "failed"
+
+    def close(self) -> None:
+        self.finished_at = time.perf_counter()
+        if self.nb is None:
+            return
+        self.kernel_cpu = kernel_cpu(self.pid or self.runs.server.kernel_pid(self.path))
+        page, self.nb = self.nb.page, None
+        try:
+            page.close()
+        finally:
+            try:
+                self.runs.server.shutdown_kernels(self.path)
+            except Exception:  # noqa: BLE001 - the server goes at the end of the session anyway
+                pass
+
+    # the page after the runs ----------------------------------------------------------------
+
+    def look(self) -> None:
+        """Plots drawn, widgets rendered, a slider next to a plot redraws it; then a screenshot."""
+        nb, saved = self.nb, self.done[-1].saved
+        code = code_cells(saved)
+        for i, cell in code:
+            want = sum("image/png" in o.get("data", {}) for o in cell["outputs"])
+            if want:
+                drawn = (
+                    nb.cell(i)
+                    .locator(".jp-RenderedImage img")
+                    .evaluate_all("els => els.filter(e => e.complete && e.naturalWidth > 0).length")
+                )
+                if drawn < want:
+                    self.page_problems.append(f"code cell {self.number(i)} has {want} plots, {drawn} drawn in the page")
+        self.widget_cells = [i for i, c in code if any(WIDGET_MIME in o.get("data", {}) for o in c["outputs"])]
+        for i in self.widget_cells:
+            cell = nb.cell(i)
+            if cell.locator(".jupyter-widgets").count() == 0:
+                self.page_problems.append(f"the widget of code cell {self.number(i)} did not render")
+            text = cell.locator(".jp-OutputArea").first.inner_text()
+            if "Error displaying widget" in text:
+                self.page_problems.append(f"code cell {self.number(i)}: {text[:300]}")
+        shown = nb.panel.inner_text()
+        if "Traceback (most recent call last)" in shown:
+            self.page_problems.append("the page shows 'Traceback (most recent call last)'")
+        if self.kind == "solution" and self.widget_cells:
+            try:
+                self.slider = move_a_slider(nb, self.widget_cells)
+            except AssertionError as err:
+                self.slider_problem = str(err)
+        focus = self.focus(saved)
+        if focus is not None:
+            nb.cell(focus).scroll_into_view_if_needed()
+        self.screenshot = screenshot(nb.page, f"{self.chapter}-{self.kind}")
+
+    def focus(self, saved: dict) -> int | None:
+        """The cell to show: the slider, else the first plot (solution); the first task's test cell (student)."""
+        if self.kind == "solution":
+            if self.slider is not None:
+                return self.slider
+            plots = [i for i, c in code_cells(saved) if any("image/png" in o.get("data", {}) for o in c["outputs"])]
+            return plots[0] if plots else None
+        tests = [i for i, c in enumerate(saved["cells"]) if meta(c).get("grade_id", "").startswith("check_")]
+        return tests[0] if tests else None
+
+    def number(self, index: int) -> int:
+        """The 1-based code cell number (what JupyterLab's prompts count) of notebook cell ``index``."""
+        saved = self.done[-1].saved if self.done else None
+        if saved is None:
+            return index + 1
+        return [i for i, _ in code_cells(saved)].index(index) + 1
+
+
+def kernel_cpu(pid: int | None) -> float | None:
+    """CPU seconds used by the kernel ``pid`` and its living children (a load generator, say)."""
+    import psutil
+
+    if not pid:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        total = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        return total
+    except psutil.Error:
+        return None
+
+
+def _number(prompt: str) -> int:
+    """``[12]:`` -> 12; ``[ ]:`` and ``[*]:`` -> 0."""
+    digits = re.sub(r"\D", "", prompt)
+    return int(digits) if digits else 0
+
+
+def image_sources(cell) -> list[str]:
+    return cell.locator(".jp-RenderedImage img").evaluate_all("els => els.map(e => e.src)")
+
+
+def move_a_slider(nb: Notebook, widget_cells: list[int]) -> int | None:
+    """Click the track of the first slider whose cell draws a plot; wait for the new plot.
+
+    Returns the cell's index, None when no widget cell has a slider next to a plot.
+    """
+    for index in widget_cells:
+        cell = nb.cell(index)
+        if cell.locator(".widget-slider").count() == 0 or cell.locator(".jp-RenderedImage img").count() == 0:
+            continue
+        before = image_sources(cell)
+        handle = cell.locator(".widget-slider .noUi-handle").first
+        track = cell.locator(".widget-slider .noUi-base").first
+        handle.evaluate("e => e.scrollIntoView({block: 'center'})")
+        value_before = handle.get_attribute("aria-valuenow")
+        # a click on the track moves the handle there: one change, one redraw (a drag redraws at every step)
+        box, bar = handle.bounding_box(), track.bounding_box()
+        fraction = (box["x"] + box["width"] / 2 - bar["x"]) / bar["width"]
+        track.click(position={"x": bar["width"] * (0.15 if fraction > 0.6 else 0.9), "y": bar["height"] / 2})
+        value_after = handle.get_attribute("aria-valuenow")
+        assert value_after != value_before, f"clicking the slider's track in cell {index + 1} left it at {value_before}"
+        deadline, last, steady = time.monotonic() + 60, None, 0
+        while time.monotonic() < deadline:
+            now = image_sources(cell)
+            steady = steady + 1 if (now and now != before and now == last and nb.status() == "idle") else 0
+            if steady >= 4:
+                return index
+            last = now
+            time.sleep(0.25)
+        raise AssertionError(
+            f"moved the slider in cell {index + 1} from {value_before} to {value_after}; "
+            "its plot did not change within 60 s"
+        )
+    return None
+
+
+class Runs:
+    """The jobs of a session, run ``parallel`` at a time; :meth:`wait` drives them all until one is over."""
+
+    def __init__(self, browser, server, servers, wanted: list[tuple[str, str]], parallel: int):
+        self.browser, self.server, self.servers, self.parallel = browser, server, servers, parallel
+        # longest first, so that no long job starts last while the other tabs sit idle: the solutions
+        # (three runs each) before the students, the later (design) chapters before the earlier ones
+        order = sorted(wanted, key=lambda w: (w[1] != "solution", [-ord(c) for c in w[0]]))
+        self.jobs = {(chapter, kind): Job(self, chapter, kind) for chapter, kind in order}
+        self.started = time.perf_counter()
+        self.ended: float | None = None
+
+    def wait(self, chapter: str, kind: str) -> Job:
+        job = self.jobs[(chapter, kind)]
+        while not job.over:
+            self.tick()
+            time.sleep(0.5)
+        return job
+
+    def tick(self) -> None:
+        active = [j for j in self.jobs.values() if j.state not in ("waiting", "done", "failed")]
+        for job in self.jobs.values():
+            if len(active) >= self.parallel:
+                break
+            if job.state == "waiting":
+                try:
+                    job.open()
+                except Exception as err:  # noqa: BLE001
+                    job.fail(f"could not open {job.path}: {err}")
+                    continue
+                active.append(job)
+        for job in active:
+            job.step()
+        if all(j.over for j in self.jobs.values()) and self.ended is None:
+            self.ended = time.perf_counter()
+
+    def table(self) -> list[str]:
+        """Wall time and kernel CPU of each chapter's notebooks, and the connections, for the terminal summary."""
+        lines = [
+            f"{'chapter':34} {'student s (cpu)':>16} {'solution runs 1/2/3 s (cpu)':>29} "
+            f"{'postgres 1->3':>13} {'redis 1->3':>10}"
+        ]
+        for chapter in sorted({c for c, _ in self.jobs}):
+            student, solution = self.jobs.get((chapter, "student")), self.jobs.get((chapter, "solution"))
+            s = f"{student.done[0].seconds:.1f} ({_cpu(student)})" if student and student.done else "-"
+            runs = (
+                "/".join(f"{r.seconds:.1f}" for r in solution.done) + f" ({_cpu(solution)})"
+                if solution and solution.done
+                else "-"
+            )
+            pg = rd = "-"
+            if solution and len(solution.done) == 3 and solution.done[0].connections:
+                one, three = solution.done[0].connections, solution.done[2].connections
+                pg, rd = f"{one['postgres']} -> {three['postgres']}", f"{one['redis']} -> {three['redis']}"
+            lines.append(f"{chapter:34} {s:>16} {runs:>29} {pg:>13} {rd:>10}")
+        if self.ended is not None:
+            cpu = sum(j.kernel_cpu or 0 for j in self.jobs.values())
+            lines.append(
+                f"all notebooks, {self.parallel} tabs at a time: {self.ended - self.started:.1f} s "
+                f"(their kernels used {cpu:.0f} s of CPU)"
+            )
+        return lines
+
+
+def _cpu(job: Job) -> str:
+    return f"{job.kernel_cpu:.0f}" if job.kernel_cpu is not None else "?"
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
