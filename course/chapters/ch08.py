@@ -250,8 +250,8 @@ class SharedRun:
     def line(self) -> str:
         clocks = f", clocks off by {self.skews} s" if any(self.skews) else ""
         return (
-            f"{self.kind:16} {self.processes} processes{clocks}: admitted {self.admitted:4} "
-            f"(per process {self.per_process}); the limit allows {self.bound:.0f}"
+            f"{self.kind:16} {self.processes} processes{clocks}\n"
+            f"{'':16} admitted {self.admitted:4} where the limit allows {self.bound:.0f} (per process {self.per_process})"
         )
 
 

@@ -224,8 +224,10 @@ def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[s
 #: Server settings every PostgreSQL the course starts runs with (embedded, Docker, and the
 #: docker-compose file). Chapter 06 needs them: ``PREPARE TRANSACTION`` (two-phase commit)
 #: is off while ``max_prepared_transactions`` is 0, and logical decoding from a replication
-#: slot needs ``wal_level = logical``. Both take effect only at server start.
-POSTGRES_SETTINGS = {"max_prepared_transactions": "16", "wal_level": "logical"}
+#: slot needs ``wal_level = logical``. The notebooks' pools have fixed sizes (a re-run holds
+#: exactly what the first run held), up to 20 each: 300 connections leave room for a test
+#: suite's parallel notebooks and grading runs. All take effect only at server start.
+POSTGRES_SETTINGS = {"max_prepared_transactions": "16", "wal_level": "logical", "max_connections": "300"}
 
 
 def start_postgres(directory: Path):

@@ -497,8 +497,8 @@ class OutageRun:
         where = Counter(r[4] or "-" for r in during if 200 <= r[2] < 400)
         fails = Counter(r[2] for r in during if not 200 <= r[2] < 400)
         return (
-            f"{self.label}: {len(recs)} redirects; while Redis was dead: {ok} answered "
-            f"({', '.join(f'{n} {k}' for k, n in where.most_common()) or 'none'}), "
+            f"{self.label}: {len(recs)} redirects; while Redis was dead:\n"
+            f"  {ok} answered ({', '.join(f'{n} {k}' for k, n in where.most_common()) or 'none'}), "
             f"{sum(fails.values())} failed ({', '.join(f'{n} x {k}' for k, n in fails.most_common()) or 'none'})"
         )
 
@@ -628,8 +628,8 @@ def estimate_lines(e: dict) -> list[str]:
     return [
         f"writes:   {e['writes_per_s']:8.1f} links/s on average, {e['writes_peak']:8.0f}/s at a 10x peak",
         f"reads:    {e['reads_per_s']:8.0f} redirects/s on average at 10:1, {e['reads_peak']:8.0f}/s at a 10x peak",
-        f"claimed peak of 1,000,000 redirects/s = {e['peak_over_average']:,.0f} x the average read rate, "
-        f"or {e['reads_per_write_at_peak']:,.0f} reads per write at peak: the two figures do not fit together",
+        f"claimed peak of 1,000,000 redirects/s = {e['peak_over_average']:,.0f} x the average read rate,",
+        f"          or {e['reads_per_write_at_peak']:,.0f} reads per write at peak: the two figures do not fit together",
         f"storage:  {si(e['links_per_year'])} links/year x 500 B = {si(e['storage_per_year'], 'B')} per year",
         f"cache:    the month's hottest 20% = {si(e['hot_links'])} links x 250 B = {si(e['cache_bytes'], 'B')} of Redis",
         f"codes:    62^7 = {e['codes']:,} = {e['years_of_codes']:,.0f} years of links "
