@@ -130,14 +130,17 @@ def class_run(chapter: str, size: int = 20) -> dict:
 
 def notebook_times(chapters: list[str]) -> dict[str, float]:
     import nbformat
-    from nbclient import NotebookClient
+
+    from course.kit.headless import HeadlessClient
 
     out = {}
     for chapter in chapters:
         path = REPO / "solutions" / chapter / f"{chapter}.ipynb"
         nb = nbformat.read(path, as_version=4)
         t0 = time.perf_counter()
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+        HeadlessClient(
+            nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        ).execute()
         out[chapter] = time.perf_counter() - t0
     return out
 

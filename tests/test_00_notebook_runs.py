@@ -12,6 +12,7 @@ small sizes (the same logic), and ``selfcheck`` steps aside.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -46,19 +47,87 @@ def kernel_env(monkeypatch):
     monkeypatch.delenv("MPLBACKEND", raising=False)
 
 
-def _client(nb):
-    from nbclient import NotebookClient
+#: A cell that runs longer than this (in quick mode) gets its kernel's stacks dumped to
+#: artifacts/slow-cells/ while it is still running: the evidence for a wait without a deadline.
+SLOW_CELL = 60.0
 
-    return NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True, resources={"metadata": {}})
+DUMP_ON_SIGNAL = """
+import asyncio as _asyncio, os as _os, signal as _signal, sys as _sys, traceback as _tb
+
+def _dump_stacks(*_):
+    with open({path!r}, "a") as _f:
+        for _tid, _frame in _sys._current_frames().items():
+            print(f"--- thread {{_tid}}", file=_f)
+            _tb.print_stack(_frame, file=_f)
+        try:
+            _tasks = _asyncio.all_tasks(_asyncio.get_running_loop())
+        except RuntimeError:
+            _tasks = ()
+        for _task in _tasks:
+            print(f"--- task {{_task!r}}", file=_f)
+            _task.print_stack(file=_f)
+
+_signal.signal(_signal.SIGUSR1, _dump_stacks)
+print(_os.getpid())
+"""
+
+
+def _client(nb):
+    from course.kit.headless import HeadlessClient
+
+    return HeadlessClient(nb, timeout=300, kernel_name="python3", allow_errors=True, resources={"metadata": {}})
+
+
+def _kernel_pid(client, nb, dump: Path) -> int:
+    """Make the kernel dump every thread's stack to ``dump`` on SIGUSR1; return its pid."""
+    import nbformat
+
+    dump.parent.mkdir(parents=True, exist_ok=True)
+    probe = nbformat.v4.new_code_cell(DUMP_ON_SIGNAL.format(path=str(dump)))
+    nb.cells.append(probe)
+    try:
+        client.execute_cell(probe, len(nb.cells) - 1)
+    finally:
+        nb.cells.pop()
+    return int("".join(_text(out) for out in probe.outputs).strip())
+
+
+def _dump(path: Path, pid: int, index: int) -> None:
+    import os
+    import signal
+
+    with path.open("a") as out:
+        out.write(f"=== code cell {index} has run for {SLOW_CELL:.0f} s\n")
+    os.kill(pid, signal.SIGUSR1)
 
 
 def _run_all(client, nb) -> list[tuple[int, dict]]:
-    """Execute every code cell once; return (index, output) for every output."""
+    """Execute every code cell once; return (index, output) for every output. A cell slower
+    than SLOW_CELL has its kernel's stacks written to artifacts/slow-cells/ (see the warning)."""
+    import os
+    import threading
+    import time
+    import warnings
+
+    name = Path(nb.metadata.get("course_path", "notebook")).stem
+    dump = REPO / "artifacts" / "slow-cells" / f"{name}-{os.getpid()}.txt"
+    pid = _kernel_pid(client, nb, dump)
     seen = []
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "code":
+        if cell.cell_type != "code":
+            continue
+        timer = threading.Timer(SLOW_CELL, _dump, (dump, pid, index))
+        timer.daemon = True
+        started = time.monotonic()
+        timer.start()
+        try:
             client.execute_cell(cell, index)
-            seen += [(index, out) for out in cell.outputs]
+        finally:
+            timer.cancel()
+        took = time.monotonic() - started
+        if took > SLOW_CELL:
+            warnings.warn(f"{name} cell {index} took {took:.0f} s; the kernel's stacks: {dump}", stacklevel=1)
+        seen += [(index, out) for out in cell.outputs]
     return seen
 
 
@@ -112,6 +181,7 @@ def test_the_solution_runs_twice_in_one_kernel_without_growing_its_connections(c
     import nbformat
 
     nb = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    nb.metadata["course_path"] = f"{chapter}-solution"
     client = _client(nb)
     with client.setup_kernel():
         first = _run_all(client, nb)
@@ -155,6 +225,7 @@ def test_the_unfinished_student_notebook_runs_to_the_end_saying_not_done_yet(cha
     import nbformat
 
     nb = nbformat.read(REPO / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    nb.metadata["course_path"] = f"{chapter}-student"
     client = _client(nb)
     with client.setup_kernel():
         outputs = _run_all(client, nb)
@@ -181,3 +252,29 @@ def test_every_try_it_cell_that_calls_an_answer_goes_through_try_it():
             elif cell["cell_type"] == "code" and not meta.get("grade") and not meta.get("locked"):
                 called = {name for name in answers if re.search(rf"\b{name}\(", source)}
                 assert not called or "with try_it():" in source, f"{chapter}: a cell calls {called} bare:\n{source}"
+
+
+async def test_the_headless_client_waits_for_a_reply_in_slices_and_still_times_out():
+    """A missed wake-up (nbclient issue #312) costs one slice, not the whole cell timeout."""
+    from queue import Empty
+
+    from course.kit import headless
+
+    asked = []
+
+    async def get_msg(timeout=None):  # a poll that sees the waiting reply only on its third look
+        asked.append(timeout)
+        if len(asked) == 3:
+            return {"reply": True}
+        await asyncio.sleep(0)
+        raise Empty
+
+    assert await headless._sliced(get_msg)(timeout=300) == {"reply": True}
+    assert asked == [headless.SLICE] * 3
+
+    async def never(timeout=None):
+        await asyncio.sleep(timeout)
+        raise Empty
+
+    with pytest.raises(Empty):  # the cell's timeout still ends the wait
+        await headless._sliced(never)(timeout=0.6)
