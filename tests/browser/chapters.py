@@ -5,9 +5,8 @@ A :class:`Job` is one notebook in one tab with its own kernel:
 - ``student``: the released notebook (every answer a stub), Run All once; when a cell stops
   the run, "Run Selected Cell and All Below" from the first cell that did not run, as a
   learner would, so every cell's output is seen;
-- ``solution``: the source notebook, Run All three times in one kernel; after each run the
-  notebook is saved (its outputs read back from disk) and the connections its kernel holds
-  are counted by the servers.
+- ``solution``: the source notebook, Run All once; the notebook is saved (its outputs read
+  back from disk) and the connections its kernel holds are counted by the servers (reported).
 
 When a job's runs are over it looks at the page (plots drawn, widgets rendered, a slider
 moved where there is one), keeps a screenshot, then closes the tab, which shuts its kernel
@@ -33,6 +32,16 @@ RUN_TIMEOUT = 300  # one Run All of one notebook, seconds
 def chapters() -> list[str]:
     """``NN_slug`` of every chapter whose source notebook is in solutions/ (a chapter being written is not)."""
     return sorted(p.name for p in (REPO / "solutions").glob("[0-9][0-9]_*") if (p / f"{p.name}.ipynb").is_file())
+
+
+#: What only a browser shows: a widget (a slider redrawing a plot) or a page embedded in the notebook.
+INTERACTIVE = re.compile(r"\bipywidgets\b|\bwidgets\.|\bIFrame\(")
+
+
+def interactive(chapter: str) -> bool:
+    """Whether the chapter's solution shows a widget or an embedded page (see :data:`INTERACTIVE`)."""
+    nb = read(REPO / "solutions" / chapter / f"{chapter}.ipynb")
+    return any(c["cell_type"] == "code" and INTERACTIVE.search("".join(c["source"])) for c in nb["cells"])
 
 
 def meta(cell: dict) -> dict:
@@ -78,7 +87,7 @@ class Job:
         self.runs, self.chapter, self.kind = runs, chapter, kind
         folder = "notebooks" if kind == "student" else "solutions"
         self.path = f"{folder}/{chapter}/{chapter}.ipynb"
-        self.repeats = 1 if kind == "student" else 3
+        self.repeats = 1  # re-runs in one kernel: tests/test_00_notebook_runs.py
         self.done: list[Run] = []
         self.state = "waiting"
         self.error: str | None = None
@@ -180,8 +189,13 @@ class Job:
             self.run_started = time.perf_counter()
             return
         run.prompts = prompts
+        if self.nb.stuck:
+            self.notes.append(
+                f"{self.path}: JupyterLab kept showing [*] on code cell(s) {[i + 1 for i in self.nb.stuck]} "
+                "though the kernel had run every cell and was idle (its reply never reached the page)"
+            )
         # a cell the run did not reach keeps its number from an earlier run, or none
-        not_run = [i for i, p in enumerate(prompts) if _number(p) <= self.highest]
+        not_run = [i for i, p in enumerate(prompts) if _number(p) <= self.highest and i not in self.nb.stuck]
         if not_run and self.kind == "student" and run.runs <= len(prompts):
             run.stopped_at.append(not_run[0])  # code cell not_run[0] (1-based: the one before it stopped)
             run.runs += 1
@@ -355,7 +369,7 @@ class Runs:
     def __init__(self, browser, server, servers, wanted: list[tuple[str, str]], parallel: int):
         self.browser, self.server, self.servers, self.parallel = browser, server, servers, parallel
         # longest first, so that no long job starts last while the other tabs sit idle: the solutions
-        # (three runs each) before the students, the later (design) chapters before the earlier ones
+        # before the students, the later (design) chapters before the earlier ones
         order = sorted(wanted, key=lambda w: (w[1] != "solution", [-ord(c) for c in w[0]]))
         self.jobs = {(chapter, kind): Job(self, chapter, kind) for chapter, kind in order}
         self.started = time.perf_counter()
@@ -387,10 +401,7 @@ class Runs:
 
     def table(self) -> list[str]:
         """Wall time and kernel CPU of each chapter's notebooks, and the connections, for the terminal summary."""
-        lines = [
-            f"{'chapter':34} {'student s (cpu)':>16} {'solution runs 1/2/3 s (cpu)':>29} "
-            f"{'postgres 1->3':>13} {'redis 1->3':>10}"
-        ]
+        lines = [f"{'chapter':34} {'student s (cpu)':>16} {'solution s (cpu)':>17} {'postgres':>9} {'redis':>6}"]
         for chapter in sorted({c for c, _ in self.jobs}):
             student, solution = self.jobs.get((chapter, "student")), self.jobs.get((chapter, "solution"))
             s = f"{student.done[0].seconds:.1f} ({_cpu(student)})" if student and student.done else "-"
@@ -400,10 +411,10 @@ class Runs:
                 else "-"
             )
             pg = rd = "-"
-            if solution and len(solution.done) == 3 and solution.done[0].connections:
-                one, three = solution.done[0].connections, solution.done[2].connections
-                pg, rd = f"{one['postgres']} -> {three['postgres']}", f"{one['redis']} -> {three['redis']}"
-            lines.append(f"{chapter:34} {s:>16} {runs:>29} {pg:>13} {rd:>10}")
+            if solution and solution.done and solution.done[-1].connections:
+                held = solution.done[-1].connections
+                pg, rd = str(held["postgres"]), str(held["redis"])
+            lines.append(f"{chapter:34} {s:>16} {runs:>17} {pg:>9} {rd:>6}")
         if self.ended is not None:
             cpu = sum(j.kernel_cpu or 0 for j in self.jobs.values())
             lines.append(

@@ -426,14 +426,35 @@ class Notebook:
         self._before = self.start(command)
         self._last = None
         self._began = time.perf_counter()
+        self._stuck_since = None
+        self.stuck: list[int] = []
+
+    #: How long a run may look over but for a cell still showing ``[*]`` before it counts as over.
+    STUCK_AFTER = 20.0
 
     def finished(self) -> list[str] | None:
-        """The prompts once the run :meth:`begin` started is over (as :meth:`settle` decides), else None."""
+        """The prompts once the run :meth:`begin` started is over (as :meth:`settle` decides), else None.
+
+        Now and then JupyterLab never receives a cell's reply: the kernel has run that cell and
+        every one after it and is idle, the last cell has its number, yet the cell keeps showing
+        ``[*]``. Unchanged for :data:`STUCK_AFTER` s, the run counts as over, and :attr:`stuck`
+        lists those cells (0-based code cell numbers) for the report.
+        """
         prompts, status = self.prompts(), self.status()
-        done = prompts != self._before and status == "idle" and not any("*" in p for p in prompts)
+        busy = [i for i, p in enumerate(prompts) if "*" in p]
+        done = prompts != self._before and status == "idle" and not busy
         if done and prompts == self._last:
             return prompts
         self._last = prompts if done else None
+        highest = max((_number(p) for p in self._before), default=0)
+        looks_over = status == "idle" and busy and prompts and _number(prompts[-1]) > highest
+        if not looks_over:
+            self._stuck_since = None
+        elif self._stuck_since is None or prompts != self._stuck_prompts:
+            self._stuck_since, self._stuck_prompts = time.monotonic(), prompts
+        elif time.monotonic() - self._stuck_since > self.STUCK_AFTER:
+            self.stuck = busy
+            return prompts
         return None
 
     def run_all(self, timeout: float = 300) -> list[str]:
@@ -490,3 +511,9 @@ class Notebook:
     def cell(self, index: int):
         """The index-th cell (all cells are in the DOM: windowingMode none)."""
         return self.panel.locator(".jp-Notebook .jp-Cell").nth(index)
+
+
+def _number(prompt: str) -> int:
+    """``[12]:`` -> 12; ``[ ]:`` and ``[*]:`` -> 0."""
+    digits = re.sub(r"\D", "", prompt)
+    return int(digits) if digits else 0
