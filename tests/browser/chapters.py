@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .jlab import AFTER_CLOSE, OPEN_PAGES, REPO, Notebook, screenshot, steady_connections
+from .jlab import AFTER_CLOSE, OPEN_PAGES, REPO, Notebook, prompt_number, screenshot, steady_connections
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 RUN_TIMEOUT = 300  # one Run All of one notebook, seconds
@@ -172,13 +172,13 @@ class Job:
         if command == "runmenu:run-all":
             self.current = Run(0.0, [])
             self.run_began = self.run_started
-            self.highest = max(map(_number, self.nb._before), default=0)  # the numbers of the runs before
+            self.highest = max(map(prompt_number, self.nb._before), default=0)  # the numbers of the runs before
             self.retries = 0
         self.state = "running"
 
     def _after_click(self, prompts: list[str]) -> None:
         run = self.current
-        if not any(_number(p) > max(map(_number, self.nb._before), default=0) for p in prompts):
+        if not any(prompt_number(p) > max(map(prompt_number, self.nb._before), default=0) for p in prompts):
             # nothing ran: the click met a kernel that was not there yet (see _dialog)
             self.retries += 1
             if self.retries > 3:
@@ -195,7 +195,7 @@ class Job:
                 "though the kernel had run every cell and was idle (its reply never reached the page)"
             )
         # a cell the run did not reach keeps its number from an earlier run, or none
-        not_run = [i for i, p in enumerate(prompts) if _number(p) <= self.highest and i not in self.nb.stuck]
+        not_run = [i for i, p in enumerate(prompts) if prompt_number(p) <= self.highest and i not in self.nb.stuck]
         if not_run and self.kind == "student" and run.runs <= len(prompts):
             run.stopped_at.append(not_run[0])  # code cell not_run[0] (1-based: the one before it stopped)
             run.runs += 1
@@ -316,12 +316,6 @@ def kernel_cpu(pid: int | None) -> float | None:
         return total
     except psutil.Error:
         return None
-
-
-def _number(prompt: str) -> int:
-    """``[12]:`` -> 12; ``[ ]:`` and ``[*]:`` -> 0."""
-    digits = re.sub(r"\D", "", prompt)
-    return int(digits) if digits else 0
 
 
 def image_sources(cell) -> list[str]:

@@ -446,8 +446,8 @@ class Notebook:
         if done and prompts == self._last:
             return prompts
         self._last = prompts if done else None
-        highest = max((_number(p) for p in self._before), default=0)
-        looks_over = status == "idle" and busy and prompts and _number(prompts[-1]) > highest
+        highest = max((prompt_number(p) for p in self._before), default=0)
+        looks_over = status == "idle" and busy and prompts and prompt_number(prompts[-1]) > highest
         if not looks_over:
             self._stuck_since = None
         elif self._stuck_since is None or prompts != self._stuck_prompts:
@@ -513,7 +513,7 @@ class Notebook:
         return self.panel.locator(".jp-Notebook .jp-Cell").nth(index)
 
 
-def _number(prompt: str) -> int:
+def prompt_number(prompt: str) -> int:
     """``[12]:`` -> 12; ``[ ]:`` and ``[*]:`` -> 0."""
     digits = re.sub(r"\D", "", prompt)
     return int(digits) if digits else 0
