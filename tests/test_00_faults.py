@@ -1,6 +1,7 @@
 """course.kit.faults: the fault tools behave exactly as chapters rely on."""
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -181,3 +182,36 @@ async def test_two_clocks_on_one_loop_do_not_keep_each_other_busy():
         await asyncio.gather(a.sleep(1), b.sleep(2))
     assert (a(), b()) == (20, 40)
     assert time.perf_counter() - t0 < 60  # before the fix: ~10,000 idle rounds per sleep and clock
+
+
+def test_a_service_stopped_by_force_still_shuts_its_app_down():
+    """A request that never ends forces the stop; the app's lifespan still closes what it opened."""
+    import contextlib
+    import socket
+
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from course.kit.serve import Service
+
+    closed, arrived = threading.Event(), threading.Event()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        closed.set()  # where a real app closes its pool and its Redis client
+
+    async def forever(request):
+        arrived.set()
+        await asyncio.sleep(3600)  # never answers: only a forced exit ends the server
+        return PlainTextResponse("late")
+
+    svc = Service(Starlette(routes=[Route("/", forever)], lifespan=lifespan), timeout_graceful_shutdown=30).start()
+    with socket.create_connection((svc.host, svc.port)) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert arrived.wait(5)
+        svc.stop(timeout=0.5)
+        assert svc._server.force_exit  # the stop was forced
+    assert not svc.running
+    assert closed.is_set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import socket
 import threading
 import time
@@ -85,6 +86,11 @@ class Service:
             asyncio.set_event_loop(self._loop)
             try:
                 self._loop.run_until_complete(self._server.serve())
+                if self._server.force_exit and self._server.started:
+                    # a forced exit skips the app's lifespan shutdown: its pools and clients
+                    # would stay open, holding connections, until the kernel exits
+                    with contextlib.suppress(Exception):
+                        self._loop.run_until_complete(asyncio.wait_for(self._server.lifespan.shutdown(), 5))
             finally:
                 self._loop.close()
 
