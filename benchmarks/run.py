@@ -102,7 +102,7 @@ def grading_times(chapters: list[str]) -> dict[str, dict]:
 
 
 def class_run(chapter: str, size: int = 20) -> dict:
-    """``size`` submissions (solution, stub and wrong answers alternating) graded both ways."""
+    """``size`` submissions (the solution and the unfinished stub, alternating) graded both ways."""
     from autograder import grading
 
     trusted = grading.read_manifest(chapter)
