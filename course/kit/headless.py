@@ -8,7 +8,8 @@ https://github.com/jupyter/nbclient/issues/312; seen here on chapter 01's backof
 300 s in the test suite). :class:`HeadlessClient` polls in short slices instead, so a
 missed wake-up costs at most :data:`SLICE` seconds and the timeout still holds.
 
-JupyterLab is not affected: its server reads the kernel's sockets another way.
+JupyterLab's server reads the kernel's sockets in its own way (jupyter_server); nothing here
+changes what a learner's JupyterLab does.
 """
 
 from __future__ import annotations

@@ -92,6 +92,12 @@ class Service:
                     with contextlib.suppress(Exception):
                         self._loop.run_until_complete(asyncio.wait_for(self._server.lifespan.shutdown(), 5))
             finally:
+                # requests a forced exit left running end here, not in a closed loop later
+                left = asyncio.all_tasks(self._loop)
+                for task in left:
+                    task.cancel()
+                if left:
+                    self._loop.run_until_complete(asyncio.wait(left, timeout=2))
                 self._loop.close()
 
         self._thread = threading.Thread(target=run, name=f"serve-{self.name}", daemon=True)
