@@ -80,18 +80,23 @@ def _client(nb):
     return HeadlessClient(nb, timeout=300, kernel_name="python3", allow_errors=True, resources={"metadata": {}})
 
 
-def _kernel_pid(client, nb, dump: Path) -> int:
-    """Make the kernel dump every thread's stack to ``dump`` on SIGUSR1; return its pid."""
+def _probe(client, nb, source: str) -> str:
+    """Run ``source`` in the notebook's kernel as a cell the notebook does not keep; its text."""
     import nbformat
 
-    dump.parent.mkdir(parents=True, exist_ok=True)
-    probe = nbformat.v4.new_code_cell(DUMP_ON_SIGNAL.format(path=str(dump)))
+    probe = nbformat.v4.new_code_cell(source)
     nb.cells.append(probe)
     try:
         client.execute_cell(probe, len(nb.cells) - 1)
     finally:
         nb.cells.pop()
-    return int("".join(_text(out) for out in probe.outputs).strip())
+    return "".join(_text(out) for out in probe.outputs)
+
+
+def _kernel_pid(client, nb, dump: Path) -> int:
+    """Make the kernel dump its threads' and tasks' stacks to ``dump`` on SIGUSR1; return its pid."""
+    dump.parent.mkdir(parents=True, exist_ok=True)
+    return int(_probe(client, nb, DUMP_ON_SIGNAL.format(path=str(dump))).strip())
 
 
 def _dump(path: Path, pid: int, index: int) -> None:
@@ -151,15 +156,7 @@ def _errors(outputs) -> list[str]:
 
 def _connections(client, nb) -> tuple[int, int]:
     """(PostgreSQL backends on the notebook's database, Redis clients on its logical database)."""
-    import nbformat
-
-    probe = nbformat.v4.new_code_cell(COUNT_CONNECTIONS)
-    nb.cells.append(probe)
-    try:
-        client.execute_cell(probe, len(nb.cells) - 1)
-    finally:
-        nb.cells.pop()
-    text = "".join(_text(out) for out in probe.outputs)
+    text = _probe(client, nb, COUNT_CONNECTIONS)
     match = re.search(r"connections: (\d+) (-?\d+)", text)
     assert match, text
     return int(match.group(1)), int(match.group(2))

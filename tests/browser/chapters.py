@@ -87,7 +87,6 @@ class Job:
         self.runs, self.chapter, self.kind = runs, chapter, kind
         folder = "notebooks" if kind == "student" else "solutions"
         self.path = f"{folder}/{chapter}/{chapter}.ipynb"
-        self.repeats = 1  # re-runs in one kernel: tests/test_00_notebook_runs.py
         self.done: list[Run] = []
         self.state = "waiting"
         self.error: str | None = None
@@ -172,13 +171,13 @@ class Job:
         if command == "runmenu:run-all":
             self.current = Run(0.0, [])
             self.run_began = self.run_started
-            self.highest = max(map(prompt_number, self.nb._before), default=0)  # the numbers of the runs before
+            self.highest = self.nb.highest_before  # the numbers of the runs before, for every click of this run
             self.retries = 0
         self.state = "running"
 
     def _after_click(self, prompts: list[str]) -> None:
         run = self.current
-        if not any(prompt_number(p) > max(map(prompt_number, self.nb._before), default=0) for p in prompts):
+        if not any(prompt_number(p) > self.nb.highest_before for p in prompts):
             # nothing ran: the click met a kernel that was not there yet (see _dialog)
             self.retries += 1
             if self.retries > 3:
@@ -213,10 +212,7 @@ class Job:
             self.pid = self.pid or self.runs.server.kernel_pid(self.path)
             if self.pid:
                 run.connections = steady_connections(self.runs.servers, self.pid)
-        self.done.append(run)
-        if len(self.done) < self.repeats:
-            self._begin("runmenu:run-all")
-            return
+        self.done.append(run)  # one Run All; re-runs in one kernel: tests/test_00_notebook_runs.py
         self.look()
         self.close()
         self.state = "done"

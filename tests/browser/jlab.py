@@ -424,6 +424,8 @@ class Notebook:
     def begin(self, command: str = "runmenu:run-all") -> None:
         """Start a run and return at once; :meth:`finished` tells when it is over."""
         self._before = self.start(command)
+        #: the highest execution count before this click: a prompt above it ran in this run
+        self.highest_before = max(map(prompt_number, self._before), default=0)
         self._last = None
         self._began = time.perf_counter()
         self._stuck_since = None
@@ -446,8 +448,7 @@ class Notebook:
         if done and prompts == self._last:
             return prompts
         self._last = prompts if done else None
-        highest = max((prompt_number(p) for p in self._before), default=0)
-        looks_over = status == "idle" and busy and prompts and prompt_number(prompts[-1]) > highest
+        looks_over = status == "idle" and busy and prompts and prompt_number(prompts[-1]) > self.highest_before
         if not looks_over:
             self._stuck_since = None
         elif self._stuck_since is None or prompts != self._stuck_prompts:
