@@ -34,6 +34,7 @@ from redis.asyncio.client import Pipeline
 
 from autograder.harness import Report, cell_source, error_line
 from course.kit.faults import VirtualClock
+from course.kit.lab import LOCK_WAITERS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -395,10 +396,6 @@ class Workers:
 # ----------------------------------------------------------------------------- races on PostgreSQL
 
 SETTLE_LIMIT = 2.0  # real seconds a crowd may take to settle before the check moves it on anyway
-LOCK_WAITERS = (
-    "SELECT count(*) FROM pg_stat_activity "
-    "WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-)
 
 
 class Crowd:

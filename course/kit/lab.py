@@ -35,6 +35,14 @@ from course.kit import backends, procs
 CLAIM_PREFIX = "course:namespace:"
 #: Connections one shared Redis client of a namespace holds at most.
 REDIS_MAX_CONNECTIONS = 64
+#: Other sessions of this database waiting on a lock right now (the races' "held" count). Read
+#: from the lock table, which marks a lock granted the moment it is released to a waiter; a
+#: woken session's ``wait_event`` in pg_stat_activity says "Lock" until it runs again, which
+#: once let a race move on while a writer was about to continue.
+LOCK_WAITERS = (
+    "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE NOT l.granted AND a.datname = current_database() AND l.pid <> pg_backend_pid()"
+)
 CLAIM_TTL = 24 * 3600  # a claim whose owner vanished expires after a day at most
 _HOST = socket.gethostname()
 

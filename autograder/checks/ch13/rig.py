@@ -8,13 +8,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from course import leaderboard as lb
+from course.kit.lab import LOCK_WAITERS
 
 BOARD = lb.BOARD
 SETTLE_LIMIT = 2.0  # real seconds a crowd may take to park before the check moves it on anyway
-LOCK_WAITERS = (
-    "SELECT count(*) FROM pg_stat_activity "
-    "WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-)
 #: commands that only read; anything else counts as a write
 READS = {
     "GET", "MGET", "EXISTS", "TYPE", "TTL", "PTTL", "KEYS", "SCAN", "DBSIZE", "INFO", "PING", "ECHO",

@@ -21,6 +21,7 @@ from collections import defaultdict
 import redis.exceptions
 
 from course import idempotency, outbox
+from course.kit.lab import LOCK_WAITERS
 
 # ----------------------------------------------------------------------------- placing an order
 
@@ -192,12 +193,6 @@ class _PipelineProbe:
 
             return queued
         return attr
-
-
-LOCK_WAITERS = (
-    "SELECT count(*) FROM pg_stat_activity "
-    "WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-)
 
 
 async def settle(watcher, tasks, *, limit: float = 2.0) -> bool:

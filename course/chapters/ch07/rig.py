@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import psycopg
 
 from course import projections, search
+from course.kit.lab import LOCK_WAITERS
 
 RIGGED = ("es_events", "account_balances", "projection_checkpoints", "search_documents")
 GATE_LOCK = 707_002
@@ -108,11 +109,6 @@ async def crash_fired(pool, table: str, nth: int = 1) -> bool:
 
 # ----------------------------------------------------------------------------- the gate
 
-LOCK_WAITERS = (
-    "SELECT count(*) FROM pg_stat_activity "
-    "WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-)
-
 
 class Gate:
     """Hold every write to ``tables`` inside PostgreSQL until :meth:`open` (an async context).
@@ -179,27 +175,6 @@ class RaceLog:
         return text
 
 
-#: writers still queued at the gate for one key: the lock table marks a lock granted the moment
-#: the gate opens, while pg_stat_activity shows the woken writer waiting until it runs again
-GATE_QUEUE = (
-    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 2"
-)
-
-
-async def _through(watcher, key: int, limit: float) -> bool:
-    """Wait until no writer of ``key`` is still queued at the gate; whether that came in time."""
-    deadline = time.monotonic() + limit
-    while True:
-        cur = await watcher.execute(GATE_QUEUE, (GATE_LOCK, key))
-        if (await cur.fetchone())[0] == 0:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.002)
-
-
 async def _waiting(watcher) -> int:
     cur = await watcher.execute(LOCK_WAITERS)
     return (await cur.fetchone())[0]
@@ -251,9 +226,6 @@ async def race(
                 log.finished_early = sum(t.done() for t in tasks)
                 for key in order or []:
                     await gate.open(key)
-                    # past the gate first: else a writer just let through still looks held and
-                    # the next key would open before it wrote
-                    log.stalled |= not await _through(watcher, key, limit)
                     settled, _ = await _settle(watcher, tasks, limit)
                     log.stalled |= not settled
             finally:

@@ -222,10 +222,9 @@ async def remove_gate(conn) -> None:
 
 async def waiting_on_locks(conn) -> int:
     """Sessions of this database waiting on a lock (the gate, or another insert's transaction)."""
-    cur = await conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-    )
+    from course.kit.lab import LOCK_WAITERS
+
+    cur = await conn.execute(LOCK_WAITERS)
     return (await cur.fetchone())[0]
 
 
