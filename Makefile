@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 READY  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: lab test test-browser test-python release doctor check bench clean
+.PHONY: lab test test-browser test-python test-determinism release doctor check bench clean
 
 $(READY): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed, found " + sys.version.split()[0])'
@@ -37,6 +37,11 @@ test-python:
 	.venv-python/bin/python -m pip install --quiet --upgrade pip
 	.venv-python/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	PATH="$(CURDIR)/.venv-python/bin:$$PATH" .venv-python/bin/python -m pytest -n 2 -p no:cacheprovider tests/test_00_harness.py tests/test_00_integrity.py tests/test_contract.py $(PYTEST_ARGS)
+
+## The same answer gets the same grade: every kept wrong solution graded RUNS times (default 3)
+RUNS ?= 3
+test-determinism: $(READY)
+	PATH="$(CURDIR)/$(BIN):$$PATH" COURSE_DETERMINISM_RUNS=$(RUNS) $(BIN)/python -m pytest -n 3 -m determinism tests/test_00_determinism.py $(PYTEST_ARGS)
 
 ## Regenerate the student notebooks in notebooks/ from solutions/ with nbgrader
 release: $(READY)

@@ -286,8 +286,6 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
         r.fail(f"{', '.join(missing)} is not defined: run the cell that defines it, then this one", stop=False)
         return Result(t.id, 0.0, t.points, r.lines, 0.0)
     args = [namespace[name] for name in t.needs]
-    if not public and t.seed:
-        r.note(f"random choices come from seed {t.seed}: the same code gets the same verdict on every run")
 
     outcome: dict = {}
 
@@ -349,6 +347,8 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
     else:
         points = t.points if r.failures == 0 and not cut else 0.0
     not_done = bool(outcome.get("not_done")) and not cut
+    if not public and t.seed and not not_done:  # last, one line: the verdict comes first
+        r.note(f"random choices come from seed {t.seed}: the same code gets the same verdict on every run")
     return Result(t.id, points, t.points, r.lines, time.perf_counter() - start, not_done=not_done)
 
 

@@ -32,6 +32,35 @@ def assert_accepted(task_id: str, source: str) -> Result:
     return res
 
 
+def outcome_of(result: Result) -> tuple[float, bool, tuple[str, ...]]:
+    """What a learner is shown of a grade: ``(points, passed, feedback lines)``; two runs of
+    the same answer must give equal outcomes (tests/test_00_determinism.py)."""
+    return (result.points, result.passed, tuple(result.lines))
+
+
+def wrong_params(wrong: dict[str, dict[str, tuple[str, str]]]) -> list:
+    """``WRONG`` (task -> {name: (source, mentions)}) as ``pytest.param(task, source, mentions)``
+    with ids ``task-name``, for ``@pytest.mark.parametrize(("task_id", "source", "mentions"), ...)``."""
+    import pytest
+
+    return [
+        pytest.param(task_id, source, mentions, id=f"{task_id}-{name}")
+        for task_id, entries in wrong.items()
+        for name, (source, mentions) in entries.items()
+    ]
+
+
+def correct_params(correct: dict[str, dict[str, str]]) -> list:
+    """``CORRECT`` (task -> {name: source}) as ``pytest.param(task, source)`` with ids ``task-name``."""
+    import pytest
+
+    return [
+        pytest.param(task_id, source, id=f"{task_id}-{name}")
+        for task_id, entries in correct.items()
+        for name, source in entries.items()
+    ]
+
+
 def notebook_with_answers(chapter: str, answers: dict[str, str], folder) -> Path:
     """A copy of a chapter's solution notebook in ``folder`` with some answer cells replaced.
 

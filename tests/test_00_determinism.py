@@ -1,0 +1,58 @@
+"""The same answer gets the same grade on every run: every kept wrong solution of every
+chapter (``WRONG`` in ``tests/test_NN_grading.py``) is graded ``COURSE_DETERMINISM_RUNS``
+times in this process (default 3), and its points, verdict and feedback lines must be the
+same each time.
+
+Not part of ``make test``: run it with ``make test-determinism`` (``RUNS=10 make
+test-determinism`` for more), or grade with more repeats through ``make bench``
+(``COURSE_DETERMINISM_RUNS``). The marker ``determinism`` selects it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+
+from autograder import harness
+from tests.helpers import outcome_of, run_source
+
+pytestmark = pytest.mark.determinism
+
+RUNS_VARIABLE = "COURSE_DETERMINISM_RUNS"
+
+if not os.environ.get(RUNS_VARIABLE):
+    pytest.skip(f"repeated grading runs only with {RUNS_VARIABLE} set (make test-determinism)", allow_module_level=True)
+
+RUNS = max(2, int(os.environ[RUNS_VARIABLE]))
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def kept_wrong_solutions() -> list[tuple[str, str, str]]:
+    """``(task, name, source)`` of every WRONG entry of every chapter's grading tests."""
+    found = []
+    for chapter in harness.chapters():
+        if not (ROOT / "tests" / f"test_{chapter}_grading.py").exists():
+            continue
+        module = importlib.import_module(f"tests.test_{chapter}_grading")
+        for task_id, entries in sorted(getattr(module, "WRONG", {}).items()):
+            for name, (source, _mentions) in sorted(entries.items()):
+                found.append((task_id, name, source))
+    return found
+
+
+CASES = kept_wrong_solutions()
+
+
+@pytest.mark.parametrize(("task_id", "name", "source"), CASES, ids=[f"{t}-{n}" for t, n, _ in CASES])
+def test_a_wrong_solution_gets_one_verdict_on_every_run(task_id, name, source):
+    first = outcome_of(run_source(task_id, source))
+    for run in range(2, RUNS + 1):
+        again = outcome_of(run_source(task_id, source))
+        assert again == first, (
+            f"{task_id}, wrong solution {name!r}: run 1 and run {run} of {RUNS} disagree\n"
+            f"run 1: {first[0]:g} points, passed={first[1]}\n  " + "\n  ".join(first[2]) + "\n"
+            f"run {run}: {again[0]:g} points, passed={again[1]}\n  " + "\n  ".join(again[2])
+        )
