@@ -1,6 +1,8 @@
 """Chapter 00's warm-up check rejects the plausible wrong answers and accepts the right ones."""
 
-from tests.helpers import assert_accepted, assert_rejected
+import pytest
+
+from tests.helpers import assert_accepted, assert_rejected, correct_params, wrong_params
 
 RIGHT_INCR = """
 async def count_visit(redis, pool, page):
@@ -53,25 +55,56 @@ async def count_visit(redis, pool, page):
 """
 
 
-def test_incr_with_an_insert_is_accepted():
-    assert_accepted("count_visit", RIGHT_INCR)
+READ_BACK_WITH_GET = """
+async def count_visit(redis, pool, page):
+    await redis.incr(f"visits:{page}")
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO visits (page) VALUES (%s)", (page,))
+    return await redis.get(f"visits:{page}")
+"""
+
+INSERT_FIRST_THEN_GET_AND_SET = """
+async def count_visit(redis, pool, page):
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO visits (page) VALUES (%s)", (page,))
+    count = int(await redis.get(f"visits:{page}") or 0) + 1
+    await redis.set(f"visits:{page}", count)
+    return count
+"""
+
+INCRBY_AND_INT = """
+async def count_visit(redis, pool, page: str) -> int:
+    key = "visits:" + page
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO visits (page) VALUES (%s)", (page,))
+    return int(await redis.incrby(key, 1))
+"""
+
+WRONG: dict[str, dict[str, tuple[str, str]]] = {
+    "count_visit": {
+        "get then set": (GET_THEN_SET, "lost updates"),
+        "insert first, then get and set": (INSERT_FIRST_THEN_GET_AND_SET, "lost updates"),
+        "redis only": (REDIS_ONLY, "visits rows per page, expected"),
+        "wrong key": (WRONG_KEY, "Redis holds"),
+        "count read back with GET": (READ_BACK_WITH_GET, "read back with GET"),
+        "count from postgresql": (COUNT_FROM_POSTGRES, "stood at 41"),
+    },
+}
+
+CORRECT: dict[str, dict[str, str]] = {
+    "count_visit": {
+        "incr and an insert": RIGHT_INCR,
+        "a transaction and a pipeline": RIGHT_PIPELINE_AND_TRANSACTION,
+        "insert first, then incrby": INCRBY_AND_INT,
+    },
+}
 
 
-def test_a_transaction_and_a_pipeline_are_accepted():
-    assert_accepted("count_visit", RIGHT_PIPELINE_AND_TRANSACTION)
+@pytest.mark.parametrize(("task_id", "source", "mentions"), wrong_params(WRONG))
+def test_00_wrong_answers_are_rejected_for_their_mistake(task_id, source, mentions):
+    assert_rejected(task_id, source, mentions=mentions)
 
 
-def test_get_then_set_loses_updates_and_is_rejected():
-    assert_rejected("count_visit", GET_THEN_SET, mentions="lost updates")
-
-
-def test_skipping_postgresql_is_rejected():
-    assert_rejected("count_visit", REDIS_ONLY, mentions="visits rows per page, expected")
-
-
-def test_the_wrong_key_is_rejected():
-    assert_rejected("count_visit", WRONG_KEY, mentions="Redis holds")
-
-
-def test_counting_rows_under_concurrency_is_rejected():
-    assert_rejected("count_visit", COUNT_FROM_POSTGRES)
+@pytest.mark.parametrize(("task_id", "source"), correct_params(CORRECT))
+def test_00_correct_answers_get_full_marks(task_id, source):
+    assert_accepted(task_id, source)
