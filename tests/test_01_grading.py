@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from autograder.checks import ch01
-from tests.helpers import assert_accepted, assert_rejected, notebook_with_answers, run_source
+from tests.helpers import (
+    assert_accepted,
+    assert_rejected,
+    correct_params,
+    notebook_with_answers,
+    run_source,
+    wrong_params,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -216,15 +223,6 @@ def is_retryable(err):
 }
 
 
-@pytest.mark.parametrize("name", RETRYABLE_OK)
-def test_01_is_retryable_accepts(name):
-    assert_accepted("is_retryable", RETRYABLE_OK[name])
-
-
-@pytest.mark.parametrize("name", RETRYABLE_WRONG)
-def test_01_is_retryable_rejects(name):
-    source, mentions = RETRYABLE_WRONG[name]
-    assert_rejected("is_retryable", source, mentions=mentions)
 
 
 # ----------------------------------------------------------------------------- with_retry
@@ -501,15 +499,6 @@ WITH_RETRY_HANGS = {
 }
 
 
-@pytest.mark.parametrize("name", WITH_RETRY_OK)
-def test_01_with_retry_accepts(name):
-    assert_accepted("with_retry", WITH_RETRY_OK[name])
-
-
-@pytest.mark.parametrize("name", WITH_RETRY_WRONG)
-def test_01_with_retry_rejects(name):
-    source, mentions = WITH_RETRY_WRONG[name]
-    assert_rejected("with_retry", source, mentions=mentions)
 
 
 def test_01_with_retry_that_never_returns_is_cut_and_fails_only_itself():
@@ -644,10 +633,6 @@ def test_01_retry_test_full_marks_for_a_thorough_test():
     assert "7/7 wrong versions caught" in res.text()
 
 
-def test_01_retry_test_accepts_a_sync_test_that_runs_its_own_loop():
-    assert_accepted("retry_test", SYNC_GOOD_TEST)
-
-
 def test_01_retry_test_partial_credit_names_what_got_through():
     res = run_source("retry_test", WEAK_TEST)
     assert 0 < res.points < res.max_points, res.text()
@@ -733,13 +718,6 @@ async def test_survives_three_of_five_failures(with_retry):
 }
 
 
-@pytest.mark.parametrize("name", RETRY_TEST_WRONG)
-def test_01_retry_test_rejects(name):
-    source, mentions = RETRY_TEST_WRONG[name]
-    res = assert_rejected("retry_test", source, mentions=mentions)
-    assert res.points == 0, res.text()
-
-
 def test_01_every_mutant_is_wrong_and_every_correct_version_right():
     """The mutants must really be wrong (the reference check rejects each) and the correct
     versions really correct: otherwise the mutation grade would punish good tests."""
@@ -754,6 +732,104 @@ def test_01_every_mutant_is_wrong_and_every_correct_version_right():
     for impl, _ in ch01.MUTANTS.values():
         source = HEAD + textwrap.dedent(inspect.getsource(impl)).replace(impl.__name__, "with_retry")
         assert_rejected("with_retry", source.replace("reference_is_retryable", "is_retryable"))
+
+
+STATUS_SETS = RETRYABLE_OK["status sets"]
+
+RETRYABLE_NEW_WRONG = {
+    "retries a full pool (PoolTimeout)": (
+        STATUS_SETS.replace("(httpx.PoolTimeout, httpx.UnsupportedProtocol", "(httpx.UnsupportedProtocol"),
+        "PoolTimeout",
+    ),
+    "retries the caller bugs": (
+        STATUS_SETS.replace("(httpx.PoolTimeout, httpx.UnsupportedProtocol, httpx.LocalProtocolError)", "httpx.PoolTimeout"),
+        "UnsupportedProtocol",
+    ),
+    "only httpx status errors (a status attribute is ignored)": (
+        STATUS_SETS.replace('    status = getattr(err, "status", None)\n    return type(status) is int and status in RETRY\n', "    return False\n"),
+        "DependencyError",
+    ),
+    "converts a string status": (
+        STATUS_SETS.replace('return type(status) is int and status in RETRY', 'return status is not None and int(status) in RETRY'),
+        "status",
+    ),
+}
+
+
+#: a thorough test with one check left out: each lets exactly one wrong version through
+RETRY_TEST_MISSES_ONE = {
+    "misses no jitter (a vacuous zip)": (VACUOUS_TEST, "got through: 'no jitter'"),
+    "misses constant delay (only upper bounds)": (
+        GOOD_TEST.replace(
+            "    rng, draws = random.Random(42), []\n    def rand():\n        draws.append(rng.random())",
+            "    draws = []\n    def rand():\n        draws.append(0.999)",
+        ).replace(
+            "    assert clock.sleeps == pytest.approx([u * w for u, w in zip(draws, [0.1, 0.2, 0.3])])\n",
+            "    assert all(s <= w + 1e-9 for s, w in zip(clock.sleeps, [0.1, 0.2, 0.3]))\n",
+        ),
+        "got through: 'constant delay'",
+    ),
+    "misses no cap (max_delay never reached)": (
+        GOOD_TEST.replace("max_delay=0.3", "max_delay=1.0").replace("[0.1, 0.2, 0.3]", "[0.1, 0.2, 0.4]"),
+        "got through: 'no cap'",
+    ),
+    "misses one attempt too few (counts sleeps, not calls)": (
+        GOOD_TEST.replace("retries=3, base_delay", "retries=4, base_delay")
+        .replace("    assert flaky.count == 4\n", "")
+        .replace("    assert flaky.count == 3 and len(clock.sleeps) == 2\n", "    assert len(clock.sleeps) == flaky.count - 1\n"),
+        "got through: 'one attempt too few'",
+    ),
+    "misses retries of a non-retryable error (no 404)": (
+        GOOD_TEST[: GOOD_TEST.index('    flaky = FlakyDependency(Schedule("404 ok")')].rsplit("    clock = VirtualClock()", 1)[0],
+        "got through: 'retries a non-retryable error'",
+    ),
+    "misses a sleep after the last attempt (counts calls only)": (
+        GOOD_TEST.replace("    assert flaky.count == 3 and len(clock.sleeps) == 2\n", "    assert flaky.count == 3\n"),
+        "got through: 'sleeps after the last attempt'",
+    ),
+    "misses a swallowed final error (no pytest.raises)": (
+        GOOD_TEST.replace(
+            "    with pytest.raises(DependencyError):\n        await with_retry(flaky, retries=2, sleep=clock.sleep, rand=rand)\n",
+            "    try:\n        await with_retry(flaky, retries=2, sleep=clock.sleep, rand=rand)\n    except DependencyError:\n        pass\n",
+        ),
+        "got through: 'swallows the final error'",
+    ),
+}
+
+WRONG: dict[str, dict[str, tuple[str, str]]] = {
+    "is_retryable": {**RETRYABLE_WRONG, **RETRYABLE_NEW_WRONG},
+    "with_retry": WITH_RETRY_WRONG,
+    "retry_test": {**RETRY_TEST_WRONG, **RETRY_TEST_MISSES_ONE},
+}
+
+#: an answer that only calls the course's reference is not a correct answer (REFERENCES)
+CORRECT: dict[str, dict[str, str]] = {
+    "is_retryable": {name: src for name, src in RETRYABLE_OK.items() if name != "reference"},
+    "with_retry": WITH_RETRY_OK,
+    "retry_test": {"thorough": GOOD_TEST, "a sync test running its own loop": SYNC_GOOD_TEST},
+}
+
+
+@pytest.mark.parametrize(("task_id", "source", "mentions"), wrong_params(WRONG))
+def test_01_wrong_answers_are_rejected_for_their_mistake(task_id, source, mentions):
+    assert_rejected(task_id, source, mentions=mentions)
+
+
+@pytest.mark.parametrize(("task_id", "source"), correct_params(CORRECT))
+def test_01_correct_answers_get_full_marks(task_id, source):
+    assert_accepted(task_id, source)
+
+
+def test_01_retry_test_answers_that_break_a_rule_outright_earn_nothing():
+    for name, (source, _) in RETRY_TEST_WRONG.items():
+        res = run_source("retry_test", source)
+        assert res.points == 0, f"{name}:\n{res.text()}"
+
+
+def test_01_a_test_that_misses_one_wrong_version_earns_six_sevenths():
+    for name, (source, _) in RETRY_TEST_MISSES_ONE.items():
+        res = run_source("retry_test", source)
+        assert res.points == round(res.max_points * 6 / 7, 2), f"{name}:\n{res.text()}"
 
 
 # ----------------------------------------------------------------------------- the whole notebook
