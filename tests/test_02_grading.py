@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_accepted, assert_rejected, notebook_with_answers, run_source
+from tests.helpers import (
+    assert_accepted,
+    assert_rejected,
+    correct_params,
+    notebook_with_answers,
+    run_source,
+    wrong_params,
+)
 
 NOTEBOOK = (
     Path(__file__).resolve().parent.parent
@@ -227,56 +234,6 @@ class CircuitBreaker(_Sketch):
 """
 
 
-def test_solution_notebook_breaker_passes():
-    assert_accepted("circuit_breaker", SOLUTION_BREAKER)
-
-
-@pytest.mark.parametrize("source", [RING_BUFFER, LOCK_GATE], ids=["ring-buffer", "asyncio-lock-gate"])
-def test_correct_breaker_variants_pass(source):
-    assert_accepted("circuit_breaker", source)
-
-
-def test_course_reference_breaker_cannot_be_handed_in():
-    assert_rejected("circuit_breaker", "from course.breaker import CircuitBreaker", mentions="write your own")
-
-
-def test_a_subclass_of_the_reference_breaker_passes():
-    assert_accepted(
-        "circuit_breaker", "from course.breaker import CircuitBreaker as _B\nclass CircuitBreaker(_B): pass"
-    )
-
-
-@pytest.mark.parametrize(
-    ("source", "mentions"),
-    [
-        (NO_HALF_OPEN, "half-open"),
-        (COUNTS_4XX, "404"),
-        (ADMITS_EVERYONE_IN_HALF_OPEN, "let through"),
-        (NEVER_RESETS_COUNTS, "counting afresh"),
-        (CALLS_FN_WHILE_OPEN, "into the 10 s cooldown"),
-        (WALL_CLOCK, "clock="),
-        (STALE_COOLDOWN, "fresh"),
-        (COPIED_SKETCH, "let through"),
-        (IGNORES_NON_FAILURES, "count as successes"),
-        (LATE_SUCCESS_CLOSES, "in flight"),
-    ],
-    ids=[
-        "no-half-open",
-        "counts-4xx",
-        "admits-everyone-in-half-open",
-        "never-resets-counts",
-        "calls-fn-while-open",
-        "reads-the-wall-clock",
-        "failed-probe-keeps-old-cooldown",
-        "copied-typescript-sketch",
-        "leaves-404s-out-of-the-window",
-        "a-late-success-closes-an-open-breaker",
-    ],
-)
-def test_wrong_breakers_are_rejected(source, mentions):
-    assert_rejected("circuit_breaker", source, mentions=mentions)
-
-
 def test_breaker_stub_scores_zero_with_not_done():
     stub = re.sub(r"### BEGIN SOLUTION.*?### END SOLUTION", "raise NotImplementedError()", SOLUTION_BREAKER, flags=re.S)
     res = assert_rejected("circuit_breaker", stub)
@@ -465,34 +422,153 @@ class Bulkhead:
 )
 
 
-def test_solution_notebook_bulkhead_passes():
-    assert_accepted("bulkhead", SOLUTION_BULKHEAD)
-
-
-@pytest.mark.parametrize(
-    "source", [CONDITION_VARIANT, FUTURES_QUEUE_VARIANT], ids=["counter-and-condition", "hand-off-futures"]
+CONSECUTIVE_FAILURES = breaker_mutant(
+    """        self.window.append(failed)
+        if failed and len(self.window) >= self.window_size and sum(self.window) / len(self.window) >= self.threshold:
+            self._open()""",
+    """        self.window.append(failed)
+        if not failed:
+            self.window.clear()  # "a success resets the failure count"
+        elif len(self.window) >= self.threshold * self.window_size:
+            self._open()""",
 )
-def test_correct_bulkhead_variants_pass(source):
-    assert_accepted("bulkhead", source)
 
-
-def test_course_reference_bulkhead_cannot_be_handed_in():
-    assert_rejected("bulkhead", "from course.bulkhead import Bulkhead", mentions="write your own")
-
-
-@pytest.mark.parametrize(
-    ("source", "mentions"),
-    [
-        (LEAKS_ON_EXCEPTION, "leaks on an error"),
-        (LEAKS_ON_CANCELLED_RUNNING, "CancelledError is a BaseException"),
-        (LEAKS_ON_CANCELLED_WAITING, "cancelled waiter must give its place back"),
-        (UNBOUNDED_QUEUE, "unbounded queue"),
-        (SHARED_PERMITS, "must not share permits"),
-    ],
-    ids=["leaks-on-exception", "leaks-on-cancel-running", "leaks-on-cancel-waiting", "unbounded-queue", "shared"],
+TRIPS_BEFORE_THE_WINDOW_FILLS = breaker_mutant(
+    "if failed and len(self.window) >= self.window_size and sum(self.window)",
+    "if failed and sum(self.window)",
 )
-def test_wrong_bulkheads_are_rejected(source, mentions):
-    assert_rejected("bulkhead", source, mentions=mentions)
+
+WRAPS_ERRORS = breaker_mutant(
+    """            self._record(failed=self.is_failure(err), probe=probe)
+            raise
+""",
+    """            self._record(failed=self.is_failure(err), probe=probe)
+            raise RuntimeError(f"payments call failed: {err}") from err
+""",
+)
+
+OWN_OPEN_ERROR = breaker_mutant(
+    """                raise CircuitOpenError("payments", self.opened_at + self.cooldown - now)""",
+    """                raise RuntimeError("circuit open")""",
+)
+
+SWALLOWS_NON_FAILURES = breaker_mutant(
+    """            self._record(failed=self.is_failure(err), probe=probe)
+            raise
+""",
+    """            self._record(failed=self.is_failure(err), probe=probe)
+            if self.is_failure(err):
+                raise
+            return None  # "a 404 is not an outage": answered with nothing
+""",
+)
+
+CANCELS_CALLS_IN_FLIGHT = breaker_mutant(
+    """        try:
+            result = await fn()""",
+    """        task = asyncio.ensure_future(fn())
+        self.__dict__.setdefault("in_flight", set()).add(task)
+        try:
+            result = await task""",
+).replace(
+    """    def _open(self):
+        self.state = "open\"""",
+    """    def _open(self):
+        for task in self.__dict__.get("in_flight", set()):
+            task.cancel()  # "stop wasting time on a dead dependency"
+        self.state = "open\"""",
+).replace("import time\n", "import asyncio\nimport time\n", 1)
+
+UPPERCASE_STATE = (
+    SOLUTION_BREAKER.replace('self.state = "closed"', 'self.state = "CLOSED"')
+    .replace('self.state = "open"', 'self.state = "OPEN"')
+    .replace('self.state = "half-open"', 'self.state = "HALF_OPEN"')
+    .replace('self.state == "open"', 'self.state == "OPEN"')
+    .replace('self.state == "half-open"', 'self.state == "HALF_OPEN"')
+    .replace('self.state != "closed"', 'self.state != "CLOSED"')
+)
+
+BULKHEAD_WRAPS_ERRORS = bulkhead_mutant(
+    """            async with self.slots:  # released on success, error and cancellation alike
+                return await fn()""",
+    """            async with self.slots:  # released on success, error and cancellation alike
+                try:
+                    return await fn()
+                except Exception as err:
+                    raise RuntimeError(f"call failed: {err}") from err""",
+)
+
+BULKHEAD_WAITS_INSTEAD_OF_REJECTING = bulkhead_mutant(
+    """        if self.admitted >= self.limit + self.max_queue:
+            raise BulkheadFullError("bulkhead", self.limit, self.max_queue)
+""",
+    """        while self.admitted >= self.limit + self.max_queue:
+            await asyncio.sleep(0.01)  # "wait for room rather than fail"
+""",
+)
+
+BULKHEAD_LIMIT_OFF_BY_ONE = bulkhead_mutant(
+    "self.slots = asyncio.Semaphore(limit)", "self.slots = asyncio.Semaphore(limit + 1)"
+)
+
+BULKHEAD_OWN_ERROR = bulkhead_mutant(
+    'raise BulkheadFullError("bulkhead", self.limit, self.max_queue)', 'raise RuntimeError("bulkhead full")'
+)
+
+
+WRONG: dict[str, dict[str, tuple[str, str]]] = {
+    "circuit_breaker": {
+        "no half-open": (NO_HALF_OPEN, "half-open"),
+        "counts 4xx": (COUNTS_4XX, "404"),
+        "admits everyone in half-open": (ADMITS_EVERYONE_IN_HALF_OPEN, "let through"),
+        "never resets counts": (NEVER_RESETS_COUNTS, "counting afresh"),
+        "calls fn while open": (CALLS_FN_WHILE_OPEN, "into the 10 s cooldown"),
+        "reads the wall clock": (WALL_CLOCK, "clock="),
+        "failed probe keeps the old cooldown": (STALE_COOLDOWN, "fresh"),
+        "copied typescript sketch": (COPIED_SKETCH, "failure rate over the last window_size"),
+        "leaves 404s out of the window": (IGNORES_NON_FAILURES, "count as successes"),
+        "a late success closes an open breaker": (LATE_SUCCESS_CLOSES, "in flight"),
+        "consecutive failures instead of a rate": (CONSECUTIVE_FAILURES, "failure rate over the last window_size"),
+        "trips before the window fills": (TRIPS_BEFORE_THE_WINDOW_FILLS, "only once window_size (10) calls"),
+        "wraps the dependency's errors": (WRAPS_ERRORS, "wrapped or replaced"),
+        "rejects with its own error type": (OWN_OPEN_ERROR, "Reject with CircuitOpenError"),
+        "swallows a 404": (SWALLOWS_NON_FAILURES, "0 raised the 404"),
+        "cancels calls in flight when it opens": (CANCELS_CALLS_IN_FLIGHT, "was cancelled"),
+        "uppercase state names": (UPPERCASE_STATE, "expected 'closed'"),
+        "the reference class": ("from course.breaker import CircuitBreaker", "write your own"),
+    },
+    "bulkhead": {
+        "leaks on exception": (LEAKS_ON_EXCEPTION, "leaks on an error"),
+        "leaks on a cancelled running call": (LEAKS_ON_CANCELLED_RUNNING, "CancelledError is a BaseException"),
+        "leaks on a cancelled waiting call": (LEAKS_ON_CANCELLED_WAITING, "cancelled waiter must give its place back"),
+        "unbounded queue": (UNBOUNDED_QUEUE, "unbounded queue"),
+        "waits for room instead of rejecting": (BULKHEAD_WAITS_INSTEAD_OF_REJECTING, "unbounded queue"),
+        "permits shared between bulkheads": (SHARED_PERMITS, "must not share permits"),
+        "wraps fn's errors": (BULKHEAD_WRAPS_ERRORS, "propagate unchanged"),
+        "one call too many at once": (BULKHEAD_LIMIT_OFF_BY_ONE, "at most limit calls"),
+        "rejects with its own error type": (BULKHEAD_OWN_ERROR, "raises BulkheadFullError"),
+        "the reference class": ("from course.bulkhead import Bulkhead", "write your own"),
+    },
+}
+
+CORRECT: dict[str, dict[str, str]] = {
+    "circuit_breaker": {"solution": SOLUTION_BREAKER, "ring buffer": RING_BUFFER, "asyncio lock gate": LOCK_GATE},
+    "bulkhead": {
+        "solution": SOLUTION_BULKHEAD,
+        "counter and condition": CONDITION_VARIANT,
+        "hand-off futures": FUTURES_QUEUE_VARIANT,
+    },
+}
+
+
+@pytest.mark.parametrize(("task_id", "source", "mentions"), wrong_params(WRONG))
+def test_02_wrong_answers_are_rejected_for_their_mistake(task_id, source, mentions):
+    assert_rejected(task_id, source, mentions=mentions)
+
+
+@pytest.mark.parametrize(("task_id", "source"), correct_params(CORRECT))
+def test_02_correct_answers_get_full_marks(task_id, source):
+    assert_accepted(task_id, source)
 
 
 def test_verdicts_are_identical_run_after_run():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from autograder.harness import Report, task
+from autograder.rules import Rule
 from autograder.probes import Spawned
 from course.breaker import CircuitOpenError
 from course.bulkhead import BulkheadFullError
@@ -68,6 +69,8 @@ def _seen(outcome: tuple[str, object]) -> str:
         return f"returned {value!r}"
     if kind == "open":
         return "raised CircuitOpenError"
+    if kind == "cancelled":
+        return "was cancelled (by the breaker?)"
     return f"raised {type(value).__name__}: {value}"
 
 
@@ -121,7 +124,11 @@ async def _check_breaker(r: Report, CircuitBreaker, spawn: Spawned) -> None:
         if out[0] == "open":
             break
         if out[0] == "other":
-            r.fail(f"call at t={t:g} s during the outage {_seen(out)}: let the dependency's error propagate unchanged")
+            r.fail(
+                f"call at t={t:g} s during the outage {_seen(out)}: neither the dependency's own error nor "
+                "CircuitOpenError. Was the dependency's error wrapped or replaced, or a rejection raised as another "
+                "type? Reject with CircuitOpenError (from course.breaker); let every other error propagate unchanged"
+            )
         if out[0] == "ok" or len(pay.calls) != before + 1:
             r.fail(f"call at t={t:g} s during the outage {_seen(out)} with {len(pay.calls) - before} calls to payments")
         failing += 1
@@ -150,6 +157,8 @@ async def _check_breaker(r: Report, CircuitBreaker, spawn: Spawned) -> None:
     r.ok(f"{int(COOLDOWN) - 1} calls during the cooldown failed fast with CircuitOpenError, payments not called")
     if r.public:
         return
+
+    await _check_window_rules(r, CircuitBreaker)
 
     # --- half-open: exactly one probe while concurrent callers are rejected
     probe_at = tripped_at + COOLDOWN + 0.5
@@ -331,7 +340,10 @@ async def _check_breaker(r: Report, CircuitBreaker, spawn: Spawned) -> None:
     opened = br5.state == "open"
     gate.set()
     await _until_idle()
-    finished = slow.result() if slow.done() else ("other", RuntimeError("still waiting"))
+    if slow.done() and slow.cancelled():
+        finished = ("cancelled", None)
+    else:
+        finished = slow.result() if slow.done() else ("other", RuntimeError("still waiting"))
     calls = len(pay5.calls)
     after = await _attempt(br5, pay5)
     what = "a slow call started while closed; 10 failures opened the breaker; then the slow call succeeded"
@@ -341,6 +353,42 @@ async def _check_breaker(r: Report, CircuitBreaker, spawn: Spawned) -> None:
         f"{what}: opened={opened}, the slow call {_seen(finished)}, then a new call {_seen(after)} with "
         f"{len(pay5.calls) - calls} call(s) to payments; a call already in flight runs to the end and its result "
         "reaches its caller, but its outcome no longer counts once the state has changed",
+    )
+
+
+async def _check_window_rules(r: Report, CircuitBreaker) -> None:
+    """The window: no trip before ``window_size`` calls; a failure *rate*, not a run of failures."""
+    clock = VirtualClock(auto=False)
+    pay = Payments(clock)
+    br = CircuitBreaker(threshold=0.5, window_size=10, cooldown=COOLDOWN, clock=clock)
+    pay.status = 503
+    first = await _attempt(br, pay)
+    pay.status = None
+    clock.advance(1)
+    second = await _attempt(br, pay)
+    r.expect(
+        first[0] == "error" and second == ("ok", "paid") and len(pay.calls) == 2,
+        "a new breaker whose first call failed (1 of 1) let the second through: it trips only on a full window",
+        f"a new breaker: the first call failed, then the second {_seen(second)} with {len(pay.calls)} calls to "
+        f"payments in all; a breaker may trip only once window_size (10) calls have been seen (1 failure of 1 call "
+        "is not a rate over the window)",
+    )
+    clock = VirtualClock(auto=False)
+    pay = Payments(clock)
+    br = CircuitBreaker(threshold=0.5, window_size=10, cooldown=COOLDOWN, clock=clock)
+    pattern = [None, 503, 503, None, 503, 503, None, 503, None, 503]  # 6 of 10 fail, never 3 in a row
+    for status in pattern:
+        pay.status = status
+        await _attempt(br, pay)
+        clock.advance(0.5)  # all before the outage at t=10 s
+    pay.status = None
+    after = await _attempt(br, pay)
+    r.expect(
+        after[0] == "open" and len(pay.calls) == 10,
+        "10 calls of which 6 failed, never 3 in a row: the breaker opened and the 11th failed fast",
+        f"10 calls of which 6 failed (0.6 >= 0.5), never 3 in a row: the 11th {_seen(after)} with {len(pay.calls)} "
+        f"calls to payments, state {br.state!r}; threshold is a failure rate over the last window_size calls "
+        "(a count of consecutive failures, or a window cleared by each success, never sees it)",
     )
 
 
@@ -414,7 +462,9 @@ async def _check_bulkhead(r: Report, Bulkhead, spawn: Spawned) -> None:
         if dep.entered == 3 and full == 5 and pending == 5
         else f"10 calls at once into Bulkhead(3, max_queue=2): {dep.entered} running, {pending - dep.entered} waiting, "
         f"{full} rejected with BulkheadFullError, {other} other errors; expected 3, 2, 5, 0"
-        + (" (an unbounded queue lets every caller wait)" if full == 0 and dep.entered <= 3 else ""),
+        + (" (an unbounded queue lets every caller wait)" if full == 0 and other == 0 and dep.entered <= 3 else "")
+        + (f" ({other} calls raised another error: a full bulkhead raises BulkheadFullError)" if other else "")
+        + (" (at most limit calls of fn run at once)" if dep.entered > 3 else ""),
     )
     dep.gate.set()
     await _until_idle()
@@ -488,6 +538,11 @@ async def _check_bulkhead(r: Report, Bulkhead, spawn: Spawned) -> None:
             raised.append("no error")
         except Exception as err:  # noqa: BLE001 - recorded
             raised.append(type(err).__name__)
+    if set(raised) - {"ValueError", "BulkheadFullError"}:  # BulkheadFullError alone: a leaked permit, below
+        r.fail(
+            f"6 calls whose fn raises ValueError through Bulkhead(2) raised {sorted(set(raised))}: call must let fn's "
+            "errors propagate unchanged (wrapped, swallowed or replaced?)"
+        )
     after = Blocking()
     tasks = [spawn(bh.call(after)) for _ in range(3)]
     await _until_idle()
@@ -557,3 +612,153 @@ async def _check_bulkhead(r: Report, Bulkhead, spawn: Spawned) -> None:
         f"{dep.max_running} at once; expected 3, 3, 1",
     )
     await _cleanup(a, b, c, d, e)
+
+
+# ----------------------------------------------------------------------------- rule tables
+
+RULES: dict[str, list[Rule]] = {
+    "circuit_breaker": [
+        Rule(
+            "threshold is a failure rate",
+            "_check_window_rules: 10 calls, 6 failing but never 3 in a row, must open the breaker",
+            wrong="consecutive failures instead of a rate",
+        ),
+        Rule(
+            "10 calls of which 6 fail but never 3 in a row",
+            "_check_window_rules: the 11th call after that pattern must fail fast",
+            wrong="consecutive failures instead of a rate",
+        ),
+        Rule(
+            "it may trip only once that many calls have been seen",
+            "_check_window_rules: a new breaker whose first call fails must let the second call through",
+            wrong="trips before the window fills",
+        ),
+        Rule(
+            "cooldown is in seconds of clock()",
+            "_check_breaker: the outage and every cooldown run on the virtual clock passed as clock=",
+            wrong="reads the wall clock",
+        ),
+        Rule(
+            "is_failure(err) says whether an error counts",
+            "_check_breaker: 20 answers of 404 must not trip it; with is_failure=lambda err: True they must",
+            wrong="counts 4xx",
+        ),
+        Rule(
+            "awaits fn() and returns its result or lets its error propagate unchanged",
+            "_check_breaker: every call during the outage must raise the dependency's own error or CircuitOpenError",
+            wrong="wraps the dependency's errors",
+        ),
+        Rule(
+            "then it raises CircuitOpenError (from course.breaker) without calling fn",
+            "_check_breaker: 9 calls during the cooldown must raise CircuitOpenError and not reach payments",
+            wrong="calls fn while open",
+        ),
+        Rule(
+            "Its constructor is CircuitOpenError(name=\"breaker\", retry_after=0.0, reason=\"open\")",
+            "_check_breaker: a rejection of another type is reported as neither CircuitOpenError nor the dependency's",
+            wrong="rejects with its own error type",
+        ),
+        Rule(
+            "a state attribute that reads \"closed\", \"open\" or \"half-open\"",
+            "_check_breaker: reads state on a new breaker, after tripping, during the probe and after it",
+            wrong="uppercase state names",
+        ),
+        Rule(
+            "an error that is_failure does not count is a success for the window",
+            "_check_breaker: 6 answers of 404, then 503s: the 5th 503 (5 of the last 10) must open it",
+            wrong="leaves 404s out of the window",
+        ),
+        Rule(
+            "and it still propagates to the caller unchanged",
+            "_check_breaker: each of 20 answers of 404 must reach the caller as the 404 itself",
+            wrong="swallows a 404",
+        ),
+        Rule(
+            "in half-open, exactly one probe runs while concurrent callers (asyncio.gather) are rejected",
+            "_check_breaker: holds the probe in flight on a gate while 5 callers arrive with asyncio.gather",
+            wrong="admits everyone in half-open",
+        ),
+        Rule(
+            "a failed probe reopens the breaker with a fresh cooldown counted from the probe",
+            "_check_breaker: calls 1 s and cooldown - 1 s after each failed probe must fail fast",
+            wrong="failed probe keeps the old cooldown",
+        ),
+        Rule(
+            "a successful one closes it, and the breaker starts counting afresh (an empty window)",
+            "_check_breaker: after recovery a one-off 503 must not reopen it (old failures must not count again)",
+            wrong="never resets counts",
+        ),
+        Rule(
+            "calls already in flight when the state changes are not cancelled",
+            "_check_breaker: a slow call held on a gate while 10 failures open the breaker must return its value",
+            wrong="cancels calls in flight when it opens",
+        ),
+        Rule(
+            "but their outcome no longer counts",
+            "_check_breaker: that slow call's late success must leave the breaker open",
+            wrong="a late success closes an open breaker",
+        ),
+        Rule(
+            "Once the window trips, calls must fail fast and the dependency must not be called until the cooldown passes",
+            "_check_breaker: after the cooldown the first call is the probe; before it, no call reaches payments",
+            wrong="no half-open",
+        ),
+        Rule(
+            "Read time only from self.clock(): the checks never wait for real.",
+            "_check_breaker: only the virtual clock advances; a breaker reading time.monotonic never cools down",
+            wrong="reads the wall clock",
+        ),
+    ],
+    "bulkhead": [
+        Rule(
+            "at most limit calls of fn run at once",
+            "_check_bulkhead: 10 calls held on a gate into Bulkhead(3, max_queue=2): 3 may enter fn",
+            wrong="one call too many at once",
+        ),
+        Rule(
+            "up to max_queue more calls wait for a free slot",
+            "_check_bulkhead: the 2 queued calls must wait, then run once the gate opens",
+            wrong="leaks on a cancelled waiting call",
+        ),
+        Rule(
+            "any call beyond that fails at once with BulkheadFullError",
+            "_check_bulkhead: the 5 calls beyond 3 + 2 must be rejected before anything is released",
+            wrong="waits for room instead of rejecting",
+        ),
+        Rule(
+            "from course.bulkhead; its constructor is BulkheadFullError",
+            "_check_bulkhead: a rejection of another type is counted as another error, not a rejection",
+            wrong="rejects with its own error type",
+        ),
+        Rule(
+            "call returns what fn() returns, and lets its errors propagate unchanged",
+            "_check_bulkhead: 6 calls whose fn raises ValueError must each raise that ValueError",
+            wrong="wraps fn's errors",
+        ),
+        Rule(
+            "a permit is returned whatever happens: when fn raises",
+            "_check_bulkhead: after 6 errors in Bulkhead(2), 2 of 3 new calls must run",
+            wrong="leaks on exception",
+        ),
+        Rule(
+            "when a running call is cancelled",
+            "_check_bulkhead: 2 running calls cancelled, then 2 of 3 new calls must run",
+            wrong="leaks on a cancelled running call",
+        ),
+        Rule(
+            "when a waiting call is cancelled (cancellation is a BaseException, not an Exception)",
+            "_check_bulkhead: a cancelled waiter's place in the queue must go to the next caller",
+            wrong="leaks on a cancelled waiting call",
+        ),
+        Rule(
+            "The checks fill bulkheads with calls that block on events they control, hang one dependency",
+            "_check_bulkhead: search hangs with its bulkhead full while 5 payments go through their own",
+            wrong="permits shared between bulkheads",
+        ),
+    ],
+}
+
+REFERENCES: dict[str, list[str]] = {
+    "circuit_breaker": ["course.breaker:CircuitBreaker"],
+    "bulkhead": ["course.bulkhead:Bulkhead"],
+}
