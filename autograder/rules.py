@@ -168,23 +168,28 @@ def sentences(markdown: str) -> list[str]:
 #: words that make a sentence read like a requirement: ``must``, ``never``, ``exactly one``, ...
 RULE_WORDS = re.compile(
     r"\b(must|never|always|only|exactly|at most|at least|every|each|refuses?|raises?|rejects?|"
-    r"returns?|within|once|no|not|unchanged|without|share|fails?)\b",
+    r"returns?|within|once|no|not|unchanged|without|share|fails?|store|record|insert|release|keep|credit)\b",
     re.IGNORECASE,
 )
 
-#: sentences that talk about the course, not the answer: where helpers go, how grading runs
+#: sentences that talk about the course, not the answer (where helpers go, how grading runs,
+#: what is merely allowed), or that say what an argument is (``pool is a ...``)
 _NOT_A_RULE = re.compile(
     r"(answer cell|helpers? (you write|functions)|grading runs|run(s)? the first code cell|"
-    r"public checks|selfcheck|test cell|is fine|are (all )?fine|works here|is welcome|is nice|^Write )",
+    r"public checks|selfcheck|test cell|is fine|are (all )?fine|works here|is welcome|is nice|"
+    r"^\w+ is (a|an) )",
     re.IGNORECASE,
 )
+
+#: SQL in a schema line is not a rule word
+_SQL = re.compile(r"\b(NOT NULL|PRIMARY KEY|DEFAULT|ON CONFLICT DO NOTHING)\b")
 
 
 def is_rule_like(sentence: str) -> bool:
     """A reminder heuristic: the sentence states something the answer must or must not do."""
     if len(sentence.split()) < 4 or _NOT_A_RULE.search(sentence):
         return False
-    return bool(RULE_WORDS.search(sentence))
+    return bool(RULE_WORDS.search(_SQL.sub(" ", sentence)))
 
 
 def rule_like(markdown: str) -> list[str]:

@@ -61,6 +61,16 @@ def correct_params(correct: dict[str, dict[str, str]]) -> list:
     ]
 
 
+def solution_source(chapter: str, task_id: str) -> str:
+    """The answer cell of ``task_id`` in chapter ``NN``'s solution notebook, as source text."""
+    from autograder.rules import notebook_path
+
+    for cell in json.loads(notebook_path(chapter).read_text())["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == task_id and cell["cell_type"] == "code":
+            return "".join(cell["source"])
+    raise KeyError(f"chapter {chapter} has no answer cell {task_id!r}")
+
+
 def notebook_with_answers(chapter: str, answers: dict[str, str], folder) -> Path:
     """A copy of a chapter's solution notebook in ``folder`` with some answer cells replaced.
 

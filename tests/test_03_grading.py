@@ -11,7 +11,15 @@ import shutil
 
 import pytest
 
-from tests.helpers import assert_accepted, assert_rejected, notebook_with_answers, run_source
+from tests.helpers import (
+    assert_accepted,
+    assert_rejected,
+    correct_params,
+    notebook_with_answers,
+    run_source,
+    solution_source,
+    wrong_params,
+)
 
 HEADER = """
 from psycopg.types.json import Jsonb
@@ -146,8 +154,8 @@ async def create_order(pool, idempotency_key, body, charge):
             await conn.execute("DELETE FROM idempotency_keys WHERE key = %s AND status = 'pending'", (idempotency_key,))
         raise
     async with pool.connection() as conn, conn.transaction():
-        cur = await conn.execute("INSERT INTO orders (customer, amount_cents) VALUES (%s, %s) RETURNING id",
-                                 (body["customer"], body["amount_cents"]))
+        cur = await conn.execute("INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+                                 (body["customer"], body["amount_cents"], charge_id))
         (order_id,) = await cur.fetchone()
         cur = await conn.execute(
             "UPDATE idempotency_keys SET status = 'done', response = %s WHERE key = %s RETURNING response",
@@ -155,18 +163,6 @@ async def create_order(pool, idempotency_key, body, charge):
         return (await cur.fetchone())[0]
 """
 )
-
-REFERENCE = "from course.idempotency import create_order\n"
-
-
-@pytest.mark.parametrize(
-    "source",
-    [REFERENCE, PENDING_ROW, CLASSIFIED_BY_STATUS, ONE_TRANSACTION, UNIQUE_VIOLATION_CLAIM],
-    ids=["reference", "pending-row-409", "classified-by-status", "one-transaction", "unique-violation-claim"],
-)
-def test_03_create_order_correct_designs_pass(source):
-    assert_accepted("create_order", source)
-
 
 # ----------------------------------------------------------------------------- create_order: wrong answers
 
@@ -341,8 +337,8 @@ async def create_order(pool, idempotency_key, body, charge):
             await conn.execute("DELETE FROM idempotency_keys WHERE key = %s", (idempotency_key,))
         raise
     async with pool.connection() as conn, conn.transaction():
-        cur = await conn.execute("INSERT INTO orders (customer, amount_cents) VALUES (%s, %s) RETURNING id",
-                                 (body["customer"], body["amount_cents"]))
+        cur = await conn.execute("INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+                                 (body["customer"], body["amount_cents"], charge_id))
         (order_id,) = await cur.fetchone()
         response = {"order_id": order_id}
         await conn.execute("UPDATE idempotency_keys SET status = 'done', response = %s WHERE key = %s",
@@ -404,43 +400,6 @@ def test_03_the_kept_variants_differ_from_the_design_they_break():
         assert variant != PENDING_ROW
 
 
-@pytest.mark.parametrize(
-    ("source", "mentions"),
-    [
-        (CHECK_THEN_INSERT, "charged 10 times"),
-        (CHECK_THEN_INSERT_IN_TRANSACTION, "charged 10 times"),
-        (IN_PROCESS_LOCK_PER_KEY, "two replicas with one key: 2 charges; state kept in one process is not shared"),
-        (IN_PROCESS_SINGLE_FLIGHT, "two replicas with one key: 2 charges; state kept in one process is not shared"),
-        (CLAIM_WITHOUT_STORED_RESPONSE, "expected the stored response"),
-        (CLAIM_THEN_NEW_ORDER_ON_REPEAT, "order(s)"),
-        (PENDING_RETURNS_NONE, "identical"),
-        (NO_RELEASE_ON_FAILURE, "stuck forever"),
-        (RELEASE_ON_ANY_FAILURE, "the charge may have gone through"),
-        (RELEASE_ON_PROVIDER_ERROR, "the charge may have gone through"),
-        (NO_REQUEST_STORED, "request column is empty"),
-        (NO_REQUEST_HASH, "IdempotencyKeyReused"),
-        (FAILURE_SWALLOWED, "let the error reach the caller"),
-    ],
-    ids=[
-        "check-then-insert",
-        "check-then-insert-in-transaction",
-        "in-process-lock-per-key",
-        "in-process-single-flight",
-        "claim-without-stored-response",
-        "claim-then-new-order-on-repeat",
-        "pending-returns-none",
-        "no-release-on-decline",
-        "release-on-any-failure",
-        "release-on-provider-error",
-        "no-request-stored",
-        "no-request-hash",
-        "failure-swallowed",
-    ],
-)
-def test_03_create_order_wrong_answers_rejected(source, mentions):
-    assert_rejected("create_order", source, mentions=mentions)
-
-
 def test_03_create_order_stub_scores_zero():
     res = run_source(
         "create_order", "async def create_order(pool, idempotency_key, body, charge):\n    raise NotImplementedError\n"
@@ -474,19 +433,6 @@ async def consume_payment_event(pool, event):
                            (event["amount_cents"], event["account_id"]))
         await conn.execute("INSERT INTO processed_events (event_id) VALUES (%s)", (event["event_id"],))
 """
-
-
-@pytest.mark.parametrize(
-    "source",
-    [
-        "from course.idempotency import consume_payment_event\n",
-        CONSUMER_CREDIT_FIRST_IN_TRANSACTION,
-        CONSUMER_SELECT_THEN_INSERT_IN_TRANSACTION,
-    ],
-    ids=["reference", "credit-first-in-transaction", "select-then-insert-in-transaction"],
-)
-def test_03_consumer_correct_designs_pass(source):
-    assert_accepted("consume_payment_event", source)
 
 
 CONSUMER_NO_DEDUP = """
@@ -599,37 +545,101 @@ async def consume_payment_event(pool, event):
 """
 
 
-@pytest.mark.parametrize(
-    ("source", "mentions"),
-    [
-        (CONSUMER_NO_DEDUP, "the same event delivered again"),
-        (CONSUMER_CHECK_THEN_INSERT, "credited 5 times"),
-        (CONSUMER_DEDUP_OUTSIDE_TRANSACTION, "never credited"),
-        (CONSUMER_CREDIT_THEN_DEDUP_SEPARATE_COMMITS, "credited again"),
-        (
+# ----------------------------------------------------------------------------- the tables
+
+HASH_OF_THE_AMOUNT_ONLY = PENDING_ROW.replace(
+    "    h = request_hash(body)\n", '    h = request_hash({"amount_cents": body["amount_cents"]})\n'
+)
+
+HASH_OF_THE_CUSTOMER_ONLY = PENDING_ROW.replace(
+    "    h = request_hash(body)\n", '    h = request_hash({"customer": body["customer"]})\n'
+)
+
+ORDER_WITHOUT_CHARGE_ID = PENDING_ROW.replace(
+    """            "INSERT INTO orders (customer, amount_cents, charge_id) VALUES (%s, %s, %s) RETURNING id",
+            (body["customer"], body["amount_cents"], charge_id))""",
+    """            "INSERT INTO orders (customer, amount_cents) VALUES (%s, %s) RETURNING id",
+            (body["customer"], body["amount_cents"]))""",
+)
+
+RESPONSE_WITHOUT_THE_ORDER_ID = PENDING_ROW.replace(
+    'response = {"order_id": order_id, "charge_id": charge_id}', 'response = {"status": "created", "charge_id": charge_id}'
+)
+
+REPEAT_REBUILDS_THE_RESPONSE = PENDING_ROW.replace(
+    "            return row[2]\n", '            return {"order_id": row[2]["order_id"]}  # "the id is all they need"\n'
+)
+
+WRONG: dict[str, dict[str, tuple[str, str]]] = {
+    "create_order": {
+        "check then insert": (CHECK_THEN_INSERT, "charged 10 times"),
+        "check then insert in a transaction": (CHECK_THEN_INSERT_IN_TRANSACTION, "charged 10 times"),
+        "in-process lock per key": (
+            IN_PROCESS_LOCK_PER_KEY,
+            "two replicas with one key: 2 charges; state kept in one process is not shared",
+        ),
+        "in-process single flight": (
+            IN_PROCESS_SINGLE_FLIGHT,
+            "two replicas with one key: 2 charges; state kept in one process is not shared",
+        ),
+        "claim without a stored response": (CLAIM_WITHOUT_STORED_RESPONSE, "expected the stored response"),
+        "claim, then a new order on repeat": (CLAIM_THEN_NEW_ORDER_ON_REPEAT, "order(s)"),
+        "pending returns None": (PENDING_RETURNS_NONE, "identical"),
+        "no release on a decline": (NO_RELEASE_ON_FAILURE, "stuck forever"),
+        "release on any failure": (RELEASE_ON_ANY_FAILURE, "the charge may have gone through"),
+        "release on a provider error": (RELEASE_ON_PROVIDER_ERROR, "the charge may have gone through"),
+        "no request stored": (NO_REQUEST_STORED, "request column is empty"),
+        "no request hash": (NO_REQUEST_HASH, "IdempotencyKeyReused"),
+        "hash of the amount only": (HASH_OF_THE_AMOUNT_ONLY, "'hopper'"),
+        "hash of the customer only": (HASH_OF_THE_CUSTOMER_ONLY, "999"),
+        "failure swallowed": (FAILURE_SWALLOWED, "let the error reach the caller"),
+        "order without the charge id": (ORDER_WITHOUT_CHARGE_ID, "the id charge returned"),
+        "response without the order id": (RESPONSE_WITHOUT_THE_ORDER_ID, "does not name the order id"),
+        "repeat rebuilds the response": (REPEAT_REBUILDS_THE_RESPONSE, "expected the stored response"),
+    },
+    "consume_payment_event": {
+        "no dedup": (CONSUMER_NO_DEDUP, "the same event delivered again"),
+        "check then insert": (CONSUMER_CHECK_THEN_INSERT, "credited 5 times"),
+        "dedup insert outside the transaction": (CONSUMER_DEDUP_OUTSIDE_TRANSACTION, "never credited"),
+        "credit, then dedup, separate commits": (CONSUMER_CREDIT_THEN_DEDUP_SEPARATE_COMMITS, "credited again"),
+        "in-memory dedup with a lock": (
             CONSUMER_IN_MEMORY_DEDUP_WITH_LOCK,
             "two replicas with one event: credited 2 times; state kept in one process is not shared",
         ),
-        (
+        "in-memory set": (
             CONSUMER_IN_MEMORY_SET,
             "two replicas with one event: credited 2 times; state kept in one process is not shared",
         ),
-        (CONSUMER_READ_MODIFY_WRITE, "lost"),
-        (CONSUMER_SWALLOWS_ERRORS, "swallowed"),
-    ],
-    ids=[
-        "no-dedup",
-        "check-then-insert",
-        "dedup-insert-outside-transaction",
-        "credit-then-dedup-separate-commits",
-        "in-memory-dedup-with-lock",
-        "in-memory-set",
-        "read-modify-write",
-        "swallows-errors",
-    ],
-)
-def test_03_consumer_wrong_answers_rejected(source, mentions):
-    assert_rejected("consume_payment_event", source, mentions=mentions)
+        "read, modify, write": (CONSUMER_READ_MODIFY_WRITE, "lost"),
+        "swallows errors": (CONSUMER_SWALLOWS_ERRORS, "swallowed"),
+    },
+}
+
+#: answers that only import the course's reference (course.idempotency) are not correct answers (REFERENCES)
+CORRECT: dict[str, dict[str, str]] = {
+    "create_order": {
+        "solution": HEADER + solution_source("03", "create_order"),
+        "pending row, 409": PENDING_ROW,
+        "classified by status": CLASSIFIED_BY_STATUS,
+        "one transaction": ONE_TRANSACTION,
+        "unique violation claim": UNIQUE_VIOLATION_CLAIM,
+    },
+    "consume_payment_event": {
+        "solution": HEADER + solution_source("03", "consume_payment_event"),
+        "credit first in a transaction": CONSUMER_CREDIT_FIRST_IN_TRANSACTION,
+        "select then insert in a transaction": CONSUMER_SELECT_THEN_INSERT_IN_TRANSACTION,
+    },
+}
+
+
+@pytest.mark.parametrize(("task_id", "source", "mentions"), wrong_params(WRONG))
+def test_03_wrong_answers_are_rejected_for_their_mistake(task_id, source, mentions):
+    assert_rejected(task_id, source, mentions=mentions)
+
+
+@pytest.mark.parametrize(("task_id", "source"), correct_params(CORRECT))
+def test_03_correct_answers_get_full_marks(task_id, source):
+    assert_accepted(task_id, source)
 
 
 # ----------------------------------------------------------------------------- the notebook as a whole

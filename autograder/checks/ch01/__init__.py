@@ -773,6 +773,11 @@ RULES: dict[str, list[Rule]] = {
     ],
     "retry_test": [
         Rule(
+            "every retry helper deserves: async def test_survives_three_of_five_failures(with_retry)",
+            "check_retry_test: a spy with_retry passed as the argument counts the test's calls",
+            wrong="never calls the with_retry it is given",
+        ),
+        Rule(
             "builds a dependency that fails 3 of its first 5 calls",
             "check_retry_test: the test must pass against three correct versions of with_retry",
             wrong="fails against a correct with_retry",
