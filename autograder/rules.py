@@ -69,7 +69,7 @@ def task_texts(chapter: str) -> dict[str, str]:
             lines = source.splitlines()
             for n, line in enumerate(lines):
                 if _heading_task(line):
-                    current = [ "\n".join(lines[n:]) ]
+                    current = ["\n".join(lines[n:])]
                     break
             else:
                 if current is not None:

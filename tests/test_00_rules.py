@@ -61,7 +61,11 @@ def _grading_module(chapter: str):
 
 def _check_sources(chapter: str) -> str:
     base = ROOT / "autograder" / "checks"
-    files = [base / f"ch{chapter}.py"] if (base / f"ch{chapter}.py").exists() else sorted((base / f"ch{chapter}").glob("*.py"))
+    files = (
+        [base / f"ch{chapter}.py"]
+        if (base / f"ch{chapter}.py").exists()
+        else sorted((base / f"ch{chapter}").glob("*.py"))
+    )
     return "\n".join(f.read_text() for f in files)
 
 
@@ -74,6 +78,25 @@ def test_every_graded_task_has_rules_and_references(chapter):
         assert tid in references, f"chapter {chapter}: task {tid} is missing from REFERENCES (use [] when none)"
     unknown = set(rules) - set(_tasks(chapter))
     assert not unknown, f"chapter {chapter}: RULES names tasks the chapter does not grade: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_each_reference_names_a_function_of_the_course(chapter):
+    _, references = _tables(chapter)
+    problems = []
+    for tid, names in references.items():
+        for name in names:
+            module, _, qualname = name.partition(":")
+            try:
+                target = importlib.import_module(module)
+                for part in qualname.split("."):
+                    target = getattr(target, part)
+            except (ImportError, AttributeError) as err:
+                problems.append(f"{tid}: REFERENCES names {name!r}, which does not resolve ({err})")
+                continue
+            if not callable(target):
+                problems.append(f"{tid}: REFERENCES names {name!r}, which is not callable")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -109,7 +132,9 @@ def test_each_rule_names_its_check_and_a_kept_wrong_solution(chapter):
                 if not any("not graded" in s for s in sentences_quoting(rule.text, task_text(tid, chapter))):
                     problems.append(f"{tid}: rule {rule.text!r} is marked not graded, but its sentence does not say so")
             elif rule.wrong is None:
-                problems.append(f"{tid}: rule {rule.text!r} names no kept wrong solution (wrong=) and is not not_graded")
+                problems.append(
+                    f"{tid}: rule {rule.text!r} names no kept wrong solution (wrong=) and is not not_graded"
+                )
             elif rule.wrong not in wrong.get(tid, {}):
                 problems.append(f"{tid}: rule {rule.text!r} names WRONG[{tid!r}][{rule.wrong!r}], which does not exist")
     assert not problems, "\n".join(problems)

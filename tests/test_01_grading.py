@@ -223,8 +223,6 @@ def is_retryable(err):
 }
 
 
-
-
 # ----------------------------------------------------------------------------- with_retry
 
 SIG = "async def with_retry(fn, *, retries=4, base_delay=0.1, max_delay=2.0, retryable=is_retryable, sleep=asyncio.sleep, rand=random.random):"
@@ -499,8 +497,6 @@ WITH_RETRY_HANGS = {
 }
 
 
-
-
 def test_01_with_retry_that_never_returns_is_cut_and_fails_only_itself():
     started = time.perf_counter()
     with ThreadPoolExecutor(len(WITH_RETRY_HANGS)) as pool:
@@ -742,15 +738,22 @@ RETRYABLE_NEW_WRONG = {
         "PoolTimeout",
     ),
     "retries the caller bugs": (
-        STATUS_SETS.replace("(httpx.PoolTimeout, httpx.UnsupportedProtocol, httpx.LocalProtocolError)", "httpx.PoolTimeout"),
+        STATUS_SETS.replace(
+            "(httpx.PoolTimeout, httpx.UnsupportedProtocol, httpx.LocalProtocolError)", "httpx.PoolTimeout"
+        ),
         "UnsupportedProtocol",
     ),
     "only httpx status errors (a status attribute is ignored)": (
-        STATUS_SETS.replace('    status = getattr(err, "status", None)\n    return type(status) is int and status in RETRY\n', "    return False\n"),
+        STATUS_SETS.replace(
+            '    status = getattr(err, "status", None)\n    return type(status) is int and status in RETRY\n',
+            "    return False\n",
+        ),
         "DependencyError",
     ),
     "converts a string status": (
-        STATUS_SETS.replace('return type(status) is int and status in RETRY', 'return status is not None and int(status) in RETRY'),
+        STATUS_SETS.replace(
+            "return type(status) is int and status in RETRY", "return status is not None and int(status) in RETRY"
+        ),
         "status",
     ),
 }
@@ -776,11 +779,16 @@ RETRY_TEST_MISSES_ONE = {
     "misses one attempt too few (counts sleeps, not calls)": (
         GOOD_TEST.replace("retries=3, base_delay", "retries=4, base_delay")
         .replace("    assert flaky.count == 4\n", "")
-        .replace("    assert flaky.count == 3 and len(clock.sleeps) == 2\n", "    assert len(clock.sleeps) == flaky.count - 1\n"),
+        .replace(
+            "    assert flaky.count == 3 and len(clock.sleeps) == 2\n",
+            "    assert len(clock.sleeps) == flaky.count - 1\n",
+        ),
         "got through: 'one attempt too few'",
     ),
     "misses retries of a non-retryable error (no 404)": (
-        GOOD_TEST[: GOOD_TEST.index('    flaky = FlakyDependency(Schedule("404 ok")')].rsplit("    clock = VirtualClock()", 1)[0],
+        GOOD_TEST[: GOOD_TEST.index('    flaky = FlakyDependency(Schedule("404 ok")')].rsplit(
+            "    clock = VirtualClock()", 1
+        )[0],
         "got through: 'retries a non-retryable error'",
     ),
     "misses a sleep after the last attempt (counts calls only)": (

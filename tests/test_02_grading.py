@@ -463,21 +463,25 @@ SWALLOWS_NON_FAILURES = breaker_mutant(
 """,
 )
 
-CANCELS_CALLS_IN_FLIGHT = breaker_mutant(
-    """        try:
+CANCELS_CALLS_IN_FLIGHT = (
+    breaker_mutant(
+        """        try:
             result = await fn()""",
-    """        task = asyncio.ensure_future(fn())
+        """        task = asyncio.ensure_future(fn())
         self.__dict__.setdefault("in_flight", set()).add(task)
         try:
             result = await task""",
-).replace(
-    """    def _open(self):
+    )
+    .replace(
+        """    def _open(self):
         self.state = "open\"""",
-    """    def _open(self):
+        """    def _open(self):
         for task in self.__dict__.get("in_flight", set()):
             task.cancel()  # "stop wasting time on a dead dependency"
         self.state = "open\"""",
-).replace("import time\n", "import asyncio\nimport time\n", 1)
+    )
+    .replace("import time\n", "import asyncio\nimport time\n", 1)
+)
 
 UPPERCASE_STATE = (
     SOLUTION_BREAKER.replace('self.state = "closed"', 'self.state = "CLOSED"')

@@ -563,7 +563,8 @@ ORDER_WITHOUT_CHARGE_ID = PENDING_ROW.replace(
 )
 
 RESPONSE_WITHOUT_THE_ORDER_ID = PENDING_ROW.replace(
-    'response = {"order_id": order_id, "charge_id": charge_id}', 'response = {"status": "created", "charge_id": charge_id}'
+    'response = {"order_id": order_id, "charge_id": charge_id}',
+    'response = {"status": "created", "charge_id": charge_id}',
 )
 
 REPEAT_REBUILDS_THE_RESPONSE = PENDING_ROW.replace(

@@ -6,7 +6,14 @@ import shutil
 
 import pytest
 
-from tests.helpers import assert_accepted, assert_rejected, notebook_with_answers
+from tests.helpers import (
+    assert_accepted,
+    assert_rejected,
+    correct_params,
+    notebook_with_answers,
+    solution_source,
+    wrong_params,
+)
 
 # ============================================================================ get_cached: right
 
@@ -289,16 +296,53 @@ async def get_cached(redis, key, ttl, loader):
 """
 
 
-def test_a_dict_of_shielded_tasks_is_accepted():
-    assert_accepted("get_cached", FUTURES)
+RAW_STRING_ON_A_HIT = FUTURES.replace(
+    "        return json.loads(cached)\n", "        return cached  # already a string\n"
+)
 
+INT_SECONDS_TRUNCATED = FUTURES.replace(
+    "px=int(ttl * 1000 * random.uniform(1.0, 1.2))", "ex=int(ttl * random.uniform(1.0, 1.2))"
+)
 
-def test_a_future_set_by_a_task_of_its_own_is_accepted():
-    assert_accepted("get_cached", FUTURE_SET_BY_A_TASK)
+GLOBAL_LOAD_NOT_PER_KEY = (
+    FUTURES.replace("_inflight.get(key)", '_inflight.get("load")')
+    .replace("_inflight[key] = ", '_inflight["load"] = ')
+    .replace("_inflight.pop(key, None)", '_inflight.pop("load", None)')
+)
 
+USER_ROW_AS_A_TUPLE = """
+import json
 
-def test_waiting_with_asyncio_wait_instead_of_shield_is_accepted():
-    assert_accepted("get_cached", WAIT_INSTEAD_OF_SHIELD)
+async def get_user_cached(redis, pool, user_id):
+    key = f"user:{user_id}"
+    raw = await redis.get(key)
+    if raw is not None:
+        return json.loads(raw)
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT id, name, email FROM users WHERE id = %s", (user_id,))).fetchone()
+    await redis.set(key, json.dumps(row), ex=30 if row is None else 300)
+    return row
+"""
+
+USER_MISS_CACHED_IN_ANOTHER_KEY_FOREVER_CHECKED_FIRST = """
+import json
+
+async def get_user_cached(redis, pool, user_id):
+    if await redis.sismember("missing_users", user_id):   # "one set for every miss"
+        return None
+    raw = await redis.get(f"user:{user_id}")
+    if raw is not None:
+        return json.loads(raw)
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT id, name, email FROM users WHERE id = %s", (user_id,))).fetchone()
+    if row is None:
+        await redis.sadd("missing_users", user_id)
+        await redis.expire("missing_users", 30)
+        return None
+    user = {"id": row[0], "name": row[1], "email": row[2]}
+    await redis.set(f"user:{user_id}", json.dumps(user), ex=300)
+    return user
+"""
 
 
 def test_the_same_answer_passes_twice_in_one_process():
@@ -320,50 +364,6 @@ def test_a_lock_per_key_restarts_the_load_when_its_holder_is_cancelled():
 def test_an_event_per_key_hands_none_to_waiters_when_the_loading_caller_is_cancelled():
     res = assert_rejected("get_cached", EVENTS, mentions="the shared load must run to the end")
     assert res.points == 4
-
-
-def test_no_single_flight_is_rejected():
-    assert_rejected("get_cached", NO_SINGLE_FLIGHT, mentions="made 50 database queries")
-
-
-def test_one_lock_for_all_keys_is_rejected():
-    assert_rejected("get_cached", ONE_GLOBAL_LOCK, mentions="different keys waited on each other")
-
-
-def test_an_in_flight_entry_that_is_never_removed_is_rejected():
-    assert_rejected("get_cached", ENTRY_NEVER_REMOVED, mentions="after expiry the burst made 0 queries")
-
-
-def test_an_entry_removed_only_on_success_lets_one_error_poison_the_key():
-    assert_rejected("get_cached", REMOVED_ONLY_ON_SUCCESS, mentions="poisons the key")
-
-
-def test_a_loader_error_cached_as_a_value_is_rejected():
-    assert_rejected("get_cached", ERROR_CACHED_AS_VALUE, mentions="0 of 20 callers got an error")
-
-
-def test_waiters_that_get_none_after_a_failed_load_are_rejected():
-    assert_rejected("get_cached", WAITERS_GET_NONE_ON_ERROR, mentions="must see its error")
-
-
-def test_no_ttl_jitter_is_rejected():
-    assert_rejected("get_cached", NO_JITTER, mentions="add jitter")
-
-
-def test_200_ms_of_jitter_on_a_minute_is_rejected():
-    assert_rejected("get_cached", JITTER_200_MS, mentions="add jitter")
-
-
-def test_no_ttl_at_all_is_rejected():
-    assert_rejected("get_cached", NO_TTL, mentions="no TTL")
-
-
-def test_a_ttl_below_the_requested_one_is_rejected():
-    assert_rejected("get_cached", JITTER_BELOW_TTL, mentions="between ttl and 1.2 x ttl")
-
-
-def test_a_value_remembered_in_process_memory_is_rejected():
-    assert_rejected("get_cached", IN_PROCESS_MEMO, mentions="after expiry the burst made 0 queries")
 
 
 # ============================================================================ get_user_cached
@@ -456,43 +456,65 @@ async def get_user_cached(redis, pool, user_id):
 """
 
 
-def test_users_with_a_cached_null_are_accepted():
-    assert_accepted("get_user_cached", USER_NULL_MARKER)
-
-
-def test_users_with_a_sentinel_and_a_dict_row_are_accepted():
-    assert_accepted("get_user_cached", USER_SENTINEL)
-
-
-def test_users_with_the_null_variant_helper_are_accepted():
-    assert_accepted("get_user_cached", _user_variant('await redis.set(key, "null", ex=30)'))
-
-
-def test_no_negative_caching_is_rejected():
-    assert_rejected("get_user_cached", USER_NO_NEGATIVE_CACHE, mentions="made 100 database queries")
-
-
-def test_a_cached_miss_without_a_ttl_is_rejected():
-    assert_rejected("get_user_cached", USER_MISS_WITHOUT_TTL, mentions="has no TTL")
-
-
-def test_a_miss_cached_as_long_as_a_user_is_rejected():
-    assert_rejected("get_user_cached", USER_MISS_AS_LONG_AS_A_HIT, mentions="keep misses short")
-
-
-def test_an_empty_string_read_back_as_a_miss_is_rejected():
-    assert_rejected("get_user_cached", USER_EMPTY_STRING_AND_TRUTHINESS, mentions="truthiness")
-
-
-def test_a_user_cached_without_a_ttl_is_rejected():
-    assert_rejected("get_user_cached", USER_HIT_WITHOUT_TTL, mentions="has no TTL")
-
-
-def test_misses_remembered_in_process_memory_are_rejected():
-    assert_rejected("get_user_cached", USER_MISS_IN_PROCESS_SET, mentions="not cached in Redis")
-
-
 # ============================================================================ the whole notebook
+
+
+WRONG: dict[str, dict[str, tuple[str, str]]] = {
+    "get_cached": {
+        "no single-flight": (NO_SINGLE_FLIGHT, "made 50 database queries"),
+        "one lock for all keys": (ONE_GLOBAL_LOCK, "different keys waited on each other"),
+        "one load shared by every key": (GLOBAL_LOAD_NOT_PER_KEY, "keyed by the key"),
+        "in-flight entry never removed": (ENTRY_NEVER_REMOVED, "after expiry the burst made 0 queries"),
+        "entry removed only on success": (REMOVED_ONLY_ON_SUCCESS, "poisons the key"),
+        "loader error cached as a value": (ERROR_CACHED_AS_VALUE, "0 of 20 callers got an error"),
+        "waiters get None after a failed load": (WAITERS_GET_NONE_ON_ERROR, "must see its error"),
+        "a hit returns the raw string": (RAW_STRING_ON_A_HIT, "returns json.loads"),
+        "no TTL jitter": (NO_JITTER, "add jitter"),
+        "200 ms of jitter on a minute": (JITTER_200_MS, "add jitter"),
+        "no TTL at all": (NO_TTL, "no TTL"),
+        "TTL below the requested one": (JITTER_BELOW_TTL, "between ttl and 1.2 x ttl"),
+        "value remembered in process memory": (IN_PROCESS_MEMO, "after expiry the burst made 0 queries"),
+        "not shielded": (NOT_SHIELDED, "asyncio.shield"),
+        "a lock per key": (LOCK_PER_KEY, "2 loads for one key"),
+        "an event per key": (EVENTS, "the shared load must run to the end"),
+    },
+    "get_user_cached": {
+        "a row as a tuple": (USER_ROW_AS_A_TUPLE, "expected {'id': 7"),
+        "no negative caching": (USER_NO_NEGATIVE_CACHE, "made 100 database queries"),
+        "a miss without a TTL": (USER_MISS_WITHOUT_TTL, "has no TTL"),
+        "a miss as long as a user": (USER_MISS_AS_LONG_AS_A_HIT, "keep misses short"),
+        "an empty string read by truthiness": (USER_EMPTY_STRING_AND_TRUTHINESS, "truthiness"),
+        "a user without a TTL": (USER_HIT_WITHOUT_TTL, "has no TTL"),
+        "misses in process memory": (USER_MISS_IN_PROCESS_SET, "process memory"),
+        "one set for every miss": (USER_MISS_CACHED_IN_ANOTHER_KEY_FOREVER_CHECKED_FIRST, "one set for every miss"),
+    },
+}
+
+CORRECT: dict[str, dict[str, str]] = {
+    "get_cached": {
+        "solution": solution_source("04", "get_cached"),
+        "a dict of shielded tasks": FUTURES,
+        "a future set by a task of its own": FUTURE_SET_BY_A_TASK,
+        "asyncio.wait instead of shield": WAIT_INSTEAD_OF_SHIELD,
+        "whole seconds with ex= (ttl is 60)": INT_SECONDS_TRUNCATED,
+    },
+    "get_user_cached": {
+        "solution": solution_source("04", "get_user_cached"),
+        "a cached null": USER_NULL_MARKER,
+        "a sentinel and a dict row": USER_SENTINEL,
+        "the null variant helper": _user_variant('await redis.set(key, "null", ex=30)'),
+    },
+}
+
+
+@pytest.mark.parametrize(("task_id", "source", "mentions"), wrong_params(WRONG))
+def test_04_wrong_answers_are_rejected_for_their_mistake(task_id, source, mentions):
+    assert_rejected(task_id, source, mentions=mentions)
+
+
+@pytest.mark.parametrize(("task_id", "source"), correct_params(CORRECT))
+def test_04_correct_answers_get_full_marks(task_id, source):
+    assert_accepted(task_id, source)
 
 
 @pytest.mark.slow

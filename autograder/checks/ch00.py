@@ -90,7 +90,9 @@ async def check_count_visit(r: Report, count_visit) -> None:
         held = HeldReads(redis, len(pages))
         got = await asyncio.gather(*(count_visit(held, pool, p) for p in pages))
         home = sorted(v for p, v in zip(pages, got, strict=True) if p == "home")
-        r.note("then 24 visits at once, 19 more of 'home' and 5 of 'about' (a GET of a visits: key waits for the others)")
+        r.note(
+            "then 24 visits at once, 19 more of 'home' and 5 of 'about' (a GET of a visits: key waits for the others)"
+        )
         repeated = sorted(v for v, n in Counter(home).items() if n > 1)
         r.expect(
             home == list(range(2, 21)),

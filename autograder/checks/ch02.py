@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 
 from autograder.harness import Report, task
-from autograder.rules import Rule
 from autograder.probes import Spawned
+from autograder.rules import Rule
 from course.breaker import CircuitOpenError
 from course.bulkhead import BulkheadFullError
 from course.kit.faults import DependencyError, VirtualClock, _until_idle
@@ -654,12 +654,12 @@ RULES: dict[str, list[Rule]] = {
             wrong="calls fn while open",
         ),
         Rule(
-            "Its constructor is CircuitOpenError(name=\"breaker\", retry_after=0.0, reason=\"open\")",
+            'Its constructor is CircuitOpenError(name="breaker", retry_after=0.0, reason="open")',
             "_check_breaker: a rejection of another type is reported as neither CircuitOpenError nor the dependency's",
             wrong="rejects with its own error type",
         ),
         Rule(
-            "a state attribute that reads \"closed\", \"open\" or \"half-open\"",
+            'a state attribute that reads "closed", "open" or "half-open"',
             "_check_breaker: reads state on a new breaker, after tripping, during the probe and after it",
             wrong="uppercase state names",
         ),

@@ -26,8 +26,8 @@ import httpx
 
 from autograder.checks.ch01.versions import CORRECT, MUTANTS
 from autograder.harness import Report, error_line, task
-from autograder.rules import Rule
 from autograder.probes import fmt
+from autograder.rules import Rule
 from course.chapters.ch01 import live_errors
 from course.kit.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
 from course.retry import is_retryable as reference_is_retryable
