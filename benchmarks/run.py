@@ -12,7 +12,11 @@ Parts (``--only`` picks some):
   once (one per core), as notebooks per minute and their ratio, from one run;
 - ``notebooks``: each solution notebook top to bottom, full size (nbclient);
 - ``suite``: ``make test``'s tests, timed from pytest's JUnit report and summed per group
-  (the toolkit and grader, each chapter, the instructor's flow), so a new chapter's cost shows.
+  (the toolkit and grader, each chapter, the instructor's flow), so a new chapter's cost shows;
+- ``determinism`` (only when asked, ``--only determinism``): every kept wrong solution
+  (``WRONG`` in ``tests/test_NN_grading.py``) graded ``--runs`` times in one process
+  (``COURSE_DETERMINISM_RUNS``, default 20); prints each one whose points, verdict or
+  feedback lines changed between runs, and the time one round of all of them takes.
 
 Prints tables and writes ``artifacts/benchmarks.json``. Targets (2 cores): servers under 3 s;
 selfcheck under 5 s; course check under 8 s; a notebook under 60 s (90 s for 12 and 13);
@@ -38,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("MPLBACKEND", "Agg")
 PARTS = ("servers", "grading", "class", "notebooks", "suite")
+EXTRA_PARTS = ("determinism",)  # run only when named: it grades every kept wrong solution many times
 
 
 def _chapters(wanted: list[str] | None) -> list[str]:
@@ -179,12 +184,56 @@ def suite() -> dict:
     return {"wall_s": wall, "groups": dict(groups), "tests": dict(counts)}
 
 
+def determinism(chapters: list[str], runs: int) -> dict:
+    """Every kept wrong solution of ``chapters`` graded ``runs`` times in this process."""
+    import importlib
+
+    from tests.helpers import outcome_of, run_source
+
+    rows, flips, started = [], [], time.perf_counter()
+    for chapter in chapters:
+        number = chapter[:2]
+        if not (REPO / "tests" / f"test_{number}_grading.py").exists():
+            continue
+        wrong = getattr(importlib.import_module(f"tests.test_{number}_grading"), "WRONG", {})
+        for task_id, entries in sorted(wrong.items()):
+            for name, (source, _mentions) in sorted(entries.items()):
+                t0 = time.perf_counter()
+                outcomes = [outcome_of(run_source(task_id, source)) for _ in range(runs)]
+                distinct = sorted(set(outcomes), key=outcomes.index)
+                row = {
+                    "task": task_id,
+                    "solution": name,
+                    "runs": runs,
+                    "outcomes": len(distinct),
+                    "points": sorted({o[0] for o in outcomes}),
+                    "seconds_per_run": (time.perf_counter() - t0) / runs,
+                }
+                rows.append(row)
+                if len(distinct) > 1:
+                    flips.append(row | {"first": list(distinct[0][2]), "other": list(distinct[1][2])})
+    return {
+        "runs": runs,
+        "solutions": len(rows),
+        "round_s": sum(r["seconds_per_run"] for r in rows),
+        "wall_s": time.perf_counter() - started,
+        "flips": flips,
+        "rows": rows,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", nargs="*", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--only", nargs="*", choices=PARTS + EXTRA_PARTS, default=list(PARTS))
     parser.add_argument("--chapters", nargs="*", help="chapter numbers (default: all)")
     parser.add_argument("--class-chapter", default="03", help="the chapter the class of 20 hands in")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=int(os.environ.get("COURSE_DETERMINISM_RUNS", "20")),
+        help="determinism: gradings of each kept wrong solution",
+    )
     args = parser.parse_args()
 
     from course.kit import backends
@@ -224,6 +273,17 @@ def main() -> int:
         print(f"\nmake test's tests: {results['suite']['wall_s']:.0f} s wall (target < 480 s); worker time per group:")
         for group, seconds in sorted(results["suite"]["groups"].items()):
             print(f"  {group:24} {seconds:7.1f} s  ({results['suite']['tests'][group]} tests)")
+    if "determinism" in args.only:
+        row = results["determinism"] = determinism(chapters, args.runs)
+        print(
+            f"\ndeterminism: {row['solutions']} kept wrong solutions x {row['runs']} runs in {row['wall_s']:.0f} s "
+            f"(one round {row['round_s']:.1f} s); {len(row['flips'])} changed between runs"
+        )
+        for flip in row["flips"]:
+            print(f"  {flip['task']} / {flip['solution']}: {flip['outcomes']} outcomes, points {flip['points']}")
+            changed = [(a, b) for a, b in zip(flip["first"], flip["other"], strict=False) if a != b][:1]
+            for a, b in changed:
+                print(f"    {a.strip()}\n    {b.strip()}")
     results["load_average_at_start"] = load
     out = REPO / "artifacts" / "benchmarks.json"
     out.parent.mkdir(exist_ok=True)

@@ -139,3 +139,18 @@ def test_a_cut_busy_loop_does_not_keep_spinning():
 
     _run(add)
     assert not [t for t in threading.enumerate() if t.name == "check-_demo_add" and t.is_alive()]
+
+
+@task("_demo_seeded", chapter="zz", points=1, title="demo", needs=("add",), timeout=1.0, seed=77)
+async def check_demo_seeded(r: Report, add) -> None:
+    r.expect(await add(1, 2) == 3, "add(1, 2) == 3")
+
+
+def test_the_seed_banner_is_one_line_after_the_verdict():
+    async def add(a, b):
+        return a - b
+
+    res = run_task(harness.get_task("_demo_seeded"), {"add": add})
+    assert res.lines[0].startswith("  [FAIL] add(1, 2) == 3"), res.lines
+    assert res.lines[-1] == "  - random choices come from seed 77: the same code gets the same verdict on every run"
+    assert sum("seed 77" in line for line in res.lines) == 1
