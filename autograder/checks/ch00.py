@@ -17,7 +17,7 @@ from course.kit import lab
 
 #: real seconds a held GET waits for more readers before it goes on alone (code that reads
 #: one caller at a time, behind a lock, pays this once per read and still passes)
-IDLE = 0.5
+IDLE = 2.0
 
 
 class HeldReads:
@@ -52,7 +52,7 @@ class HeldReads:
         return await self._redis.get(name, *args, **kwargs)
 
 
-@task("count_visit", points=2, title="count a visit in Redis and PostgreSQL", timeout=30)
+@task("count_visit", points=2, title="count a visit in Redis and PostgreSQL", timeout=60)
 async def check_count_visit(r: Report, count_visit) -> None:
     async with lab.scratch("ch00") as ns:
         pool = await ns.pool(max_size=10)
@@ -97,8 +97,9 @@ async def check_count_visit(r: Report, count_visit) -> None:
         r.expect(
             home == list(range(2, 21)),
             "the 19 concurrent 'home' visits returned 2..20, each once",
-            f"the 19 concurrent 'home' visits returned {home}; repeated counts {repeated} mean lost updates: "
-            "reading the counter (GET), adding one and writing it back is not atomic (use INCR)"
+            # which counts repeat depends on how the held reads were let go: the line names only the fact
+            "the 19 concurrent 'home' visits returned the same count more than once: lost updates. Reading the "
+            "counter (GET), adding one and writing it back is not atomic (use INCR)"
             if repeated
             else f"the 19 concurrent 'home' visits returned {home}, expected 2..20, each once",
         )

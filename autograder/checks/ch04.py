@@ -391,7 +391,7 @@ async def _check_get_cached(r: Report, get_cached, pool, redis, prefix: str) -> 
     )
     r.expect(
         high - low >= 0.05 * TTL,
-        f"40 keys written together spread their TTLs over {high - low:.1f} s (jittered)",
+        f"40 keys written together spread their TTLs over more than {0.05 * TTL:g} s (jittered)",
         f"40 keys written together expire within {high - low:.2f} s of each other (TTL {low:.1f}-{high:.1f} s): "
         f"add jitter up to 20% of ttl ({0.2 * TTL:g} s) so keys written together do not expire together",
     )
