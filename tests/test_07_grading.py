@@ -305,6 +305,25 @@ async def rebuild_balances(pool):
 """
 
 
+# Issue 28: the rebuild empties the table and resets the checkpoint in two autocommit statements; a crash
+# between them leaves an empty read model with the checkpoint at the end.
+REBUILD_IN_TWO_STATEMENTS = CONDITIONAL_CHECKPOINT.replace(
+    """    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("TRUNCATE account_balances")""",
+    """    async with pool.connection() as conn:
+        await conn.execute("TRUNCATE account_balances")""",
+)
+# The same two statements the other way round: the checkpoint reset first, the rows emptied second.
+REBUILD_RESET_FIRST = CONDITIONAL_CHECKPOINT.replace(
+    """    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("TRUNCATE account_balances")
+        await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")""",
+    """    async with pool.connection() as conn:
+        await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+        await conn.execute("TRUNCATE account_balances")""",
+)
+
+
 _APPLY_ONE = """
 async def _apply(conn, e):
     if e["type"] == "AccountOpened":
@@ -507,6 +526,27 @@ async def index_event(pool, event):
 )
 
 
+# Issue 35: a conditional UPDATE, then (no row changed) INSERT ... ON CONFLICT DO NOTHING. A first-time
+# v3 loses to a concurrent first-time v2 inserted a moment before it.
+UPDATE_THEN_INSERT_NOTHING = (
+    SEARCH
+    + f"""
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {{"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if deleted else event["title"], "body": "" if deleted else event["body"]}}
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE search_documents SET version = %(version)s, title = %(title)s, body = %(body)s, "
+            "deleted = %(deleted)s, tsv = {TSV} WHERE doc_id = %(doc_id)s AND version < %(version)s RETURNING 1", p)
+        if await cur.fetchone() is None:
+            await conn.execute(
+                "INSERT INTO search_documents (doc_id, version, title, body, deleted, tsv) "
+                "VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV}) "
+                "ON CONFLICT (doc_id) DO NOTHING", p)
+"""
+)
+
 LAST_WRITE_WINS = (
     SEARCH
     + f"""
@@ -619,6 +659,8 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "process-lock": (PROCESS_LOCK, 'two replicas'),
     },
     "account_projection": {
+        "rebuild-in-two-statements": (REBUILD_IN_TWO_STATEMENTS, "two transactions"),
+        "rebuild-reset-first": (REBUILD_RESET_FIRST, "two transactions"),
         "checkpoint-outside-transaction": (CHECKPOINT_OUTSIDE_TRANSACTION, 'applied them again'),
         "checkpoint-committed-first": (CHECKPOINT_COMMITTED_FIRST, 'write both in one transaction'),
         "no-checkpoint-lock": (NO_CHECKPOINT_LOCK, 'FOR UPDATE'),
@@ -630,6 +672,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "last-write-wins": (LAST_WRITE_WINS, 'the last write won'),
         "delete-the-row": (DELETE_THE_ROW, 'tombstone'),
         "read-then-write": (READ_THEN_WRITE, 'overwrote v3'),
+        "update-then-insert-nothing": (UPDATE_THEN_INSERT_NOTHING, "ON CONFLICT DO NOTHING after an UPDATE"),
         "tsv-at-query-time": (TSV_AT_QUERY_TIME, 'GIN index'),
         "simple-config": (SIMPLE_CONFIG, "'english' configuration"),
         "unweighted": (UNWEIGHTED, 'title weighted A'),
