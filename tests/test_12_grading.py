@@ -408,6 +408,11 @@ async def _create(pool, url, alias):
         return {"code": code, "url": url}
 """
 
+# Issue 28: the request hash leaves out the alias, so the same key with another alias is not refused.
+HASH_WITHOUT_ALIAS = ONE_TRANSACTION.replace(
+    """    body = {"url": url, "alias": alias}""", """    body = {"url": url}"""
+)
+
 NO_HASH_COMPARE = ONE_TRANSACTION.replace(
     """                if stored != request_hash(body):
                     raise IdempotencyKeyReused(idempotency_key)
@@ -594,6 +599,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "key-check-then-act": (KEY_CHECK_THEN_ACT, 'claim the key atomically'),
         "key-in-process": (KEY_IN_PROCESS, 'one process'),
         "no-hash": (NO_HASH_COMPARE, 'IdempotencyKeyReused'),
+        "hash-without-alias": (HASH_WITHOUT_ALIAS, "alias included"),
         "max-id": (MAX_ID_PLUS_ONE, 'nextval'),
     },
     "resolve": {

@@ -423,6 +423,22 @@ async def rebuild_board(pool, r):
 """
 )
 
+# Issue 28: DEL first, then read PostgreSQL and reload: the final board is right, but readers see it
+# empty while the rebuild runs (the text forbids DEL and reload).
+REBUILD_DELETE_FIRST_THEN_READ = (
+    HEADER
+    + """
+async def rebuild_board(pool, r):
+    await r.delete(BOARD)
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT player, points, reached_at FROM leaderboard_scores")
+        rows = await cur.fetchall()
+    for k in range(0, len(rows), 1000):
+        await r.zadd(BOARD, {p: encode(pts, at) for p, pts, at in rows[k:k + 1000]}, gt=True)
+    return len(rows)
+"""
+)
+
 REBUILD_PLAIN_ZADD = REBUILD_SOLUTION.replace(", gt=True)", ")")
 
 REBUILD_ONE_BY_ONE = (
@@ -556,11 +572,12 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "shared-ranks": (TOP_SHARED_RANKS, 'equal points one rank'),
     },
     "rebuild_board": {
-        "aside-then-rename": (REBUILD_ASIDE_THEN_RENAME, 'throws them away'),
-        "delete-then-load": (REBUILD_DELETE_THEN_LOAD, 'throws them away'),
-        "plain-zadd": (REBUILD_PLAIN_ZADD, 'older (smaller) score never wins'),
+        "aside-then-rename": (REBUILD_ASIDE_THEN_RENAME, "gone from the board"),
+        "delete-then-load": (REBUILD_DELETE_THEN_LOAD, "players gone"),
+        "delete-first-then-read": (REBUILD_DELETE_FIRST_THEN_READ, "a DEL (or UNLINK"),
+        "plain-zadd": (REBUILD_PLAIN_ZADD, "older (smaller) score never wins"),
         "one-zadd-per-player": (REBUILD_ONE_BY_ONE, 'many players per ZADD'),
-        "flushdb": (REBUILD_FLUSHDB_FIRST, 'other keys'),
+        "flushdb": (REBUILD_FLUSHDB_FIRST, "(FLUSHDB)"),
         "locks-writers": (REBUILD_LOCKS_WRITERS_OUT, 'must not stop the game'),
     },
     "merge_top": {

@@ -261,6 +261,22 @@ async def _check_create_link(r: Report, create_link, pool, watcher) -> None:
         "(422) and no link: compare request_hash of the body with the one stored for the key",
     )
 
+    # --- the same key and URL with an alias: the alias is part of the request -----------------------
+    try:
+        got = await create_link(pool, url, alias="two-alias", idempotency_key="key-two")
+        outcome, reused = f"returned {got!r}", False
+    except Exception as err:  # noqa: BLE001 - any error is reported
+        reused = isinstance(err, IdempotencyKeyReused) or getattr(err, "status", None) == 422
+        outcome = f"raised {error_line(err, 100)}"
+    aliased = await _links(pool, code="two-alias")
+    r.expect(
+        reused and not aliased,
+        f"the same key and URL with alias='two-alias' {outcome}, and made no link",
+        f"the same key and URL, now with alias='two-alias', {outcome} and made {len(aliased)} link(s) with that "
+        "alias; expected IdempotencyKeyReused (422) and no link. Likely cause: a request hash over the URL "
+        "alone; hash the whole request body, alias included (request_hash({'url': url, 'alias': alias}))",
+    )
+
     # --- ten concurrent calls with one key, over two replicas ---------------------------------------
     url = "https://example.com/race"
     replicas = r.replicas("create_link", 2)
