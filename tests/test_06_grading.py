@@ -592,6 +592,25 @@ async def relay_batch(pool, redis, stream, *, limit=10):
 """
 )
 
+# Issue 28: claims its rows by marking them published first, with no lock: the second relay takes the
+# order's next events and publishes them first. No SKIP LOCKED anywhere: the feedback must not blame it.
+MARK_FIRST_UNLOCKED = (
+    PLACE
+    + FIELDS
+    + """
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE outbox SET published_at = now() WHERE id IN (SELECT id FROM outbox "
+            "WHERE published_at IS NULL ORDER BY id LIMIT %s) RETURNING id, aggregate_id, event_type, payload",
+            (limit,))
+        rows = sorted(await cur.fetchall())
+    for row in rows:
+        await redis.xadd(stream, fields(*row))
+    return len(rows)
+"""
+)
+
 SWALLOWS_PUBLISH_ERROR = LEADER_WAITS.replace(
     "            await redis.xadd(stream, fields(*row))",
     "            try:\n                await redis.xadd(stream, fields(*row))\n"
@@ -639,6 +658,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "skip-locked": (SKIP_LOCKED, 'out of order'),
         "in-process-lock": (IN_PROCESS_LOCK, 'out of order'),
         "ignores-limit": (IGNORES_LIMIT, 'at most `limit`'),
+        "mark-first-unlocked": (MARK_FIRST_UNLOCKED, "Likely causes: rows claimed by marking them published first"),
         "mark-first": (MARK_FIRST, 'never reached the stream'),
         "swallows-publish-error": (SWALLOWS_PUBLISH_ERROR, 'never reached the stream'),
         "fresh-event-id": (FRESH_EVENT_ID, 'event_id'),

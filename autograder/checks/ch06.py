@@ -19,7 +19,7 @@ import json
 
 import psycopg
 
-from autograder.harness import Report, error_line, task
+from autograder.harness import Report, cell_source, error_line, task
 from course import outbox, saga
 from course.chapters.ch06 import shop
 from course.chapters.ch06.crashes import CrashPlan
@@ -610,12 +610,21 @@ async def _check_outbox(r: Report, pool, redis, prefix: str, plan, control, plac
     if bad:
         agg, pairs = next(iter(bad.items()))
         early, late = pairs[0]
+        found = cell_source(relay_batch)
+        skips = found is not None and "SKIP LOCKED" in " ".join(found[1].upper().split())
+        causes = [
+            "rows claimed with FOR UPDATE SKIP LOCKED (your code uses it): the second relay skips the rows the "
+            "first holds and takes that order's next ones",
+            "rows claimed by marking them published first: the second relay no longer sees the first's rows and "
+            "takes that order's next ones",
+            "a lock or a claimed set kept in one process, which the other relay (another process) does not see",
+        ]
         r.fail(
             f"two relays at once published order {agg}'s events out of order: event {late} reached the stream "
-            f"before event {early} (stream order {order_seen[agg]}; {len(bad)} of 6 orders affected). The second "
-            "relay skipped the rows the first had claimed and published the order's next event first. Keep one "
-            "order's events with one relay at a time: one active relay (an advisory lock), relays that own "
-            "partitions of the aggregate ids, or FOR UPDATE that waits instead of SKIP LOCKED"
+            f"before event {early}, while the first relay was held at its first publish (stream order "
+            f"{order_seen[agg]}). Likely causes: " + "; or ".join(causes if skips else causes[1:])
+            + ". Keep one order's events with one relay at a time: one active relay (an advisory lock), relays "
+            "that own partitions of the aggregate ids, or FOR UPDATE that waits"
         )
     r.ok(f"and each order's events in id order (drained in {rounds} more round(s) of both relays)")
 
