@@ -682,3 +682,9 @@ def test_05_correct_answers_pass(task, name):
 def test_05_wrong_answers_are_rejected_for_the_reason(task, name):
     source, mentions = WRONG[task][name]
     assert_rejected(task, source, mentions=mentions)
+
+
+def test_05_a_consumer_without_concurrency_across_keys_keeps_at_most_six_points():
+    """Other keys never waiting is the point of the chapter: it weighs most (issue 28)."""
+    res = run_source("ordered_consumer", SERIAL)
+    assert 0 < res.points <= 6, res.text()
