@@ -9,5 +9,7 @@ from dataclasses import dataclass
 class Rule:
     text: str  # a verbatim fragment (>= 4 words) of ONE requirement sentence of the task's text
     check: str  # where it is enforced: "check_function_name: what the check does to catch it"
-    wrong: str | None = None  # key in WRONG[task] (tests/test_NN_grading.py) of the kept wrong solution that breaks ONLY this rule
+    wrong: str | None = (
+        None  # key in WRONG[task] (tests/test_NN_grading.py) of the kept wrong solution that breaks ONLY this rule
+    )
     not_graded: bool = False  # the task text itself says this requirement is not graded

@@ -320,6 +320,9 @@ GIVES_UP_AFTER_THREE = SAGA.replace(
             delay = min(2 * delay, 2.0)""",
 )
 
+# Issue 28 audit: recovery works but does not return the ids of the sagas it finished.
+RECOVER_RETURNS_NOTHING = SAGA.replace("    return finished\n", "    return []\n")
+
 NO_RETRY = SAGA.replace(
     """            await until_done(undo, pool, order, sleep)""", """            await undo(pool, order)"""
 )
@@ -640,28 +643,29 @@ CORRECT: dict[str, dict[str, str]] = {
 
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "order_saga": {
-        "wrong-order": (WRONG_ORDER, 'reverse order'),
-        "non-idempotent-release": (NON_IDEMPOTENT_RELEASE, 'called twice'),
-        "blind-refund": (BLIND_REFUND, 'ran for a step that never happened'),
-        "split-refund": (SPLIT_REFUND, 'wallet moved'),
-        "check-then-release": (CHECK_THEN_RELEASE, 'two recoverers'),
-        "skips-failed-compensation": (SKIPS_FAILED_COMPENSATION, 'was skipped'),
+        "wrong-order": (WRONG_ORDER, "reverse order"),
+        "non-idempotent-release": (NON_IDEMPOTENT_RELEASE, "called twice"),
+        "blind-refund": (BLIND_REFUND, "ran for a step that never happened"),
+        "split-refund": (SPLIT_REFUND, "wallet moved"),
+        "check-then-release": (CHECK_THEN_RELEASE, "two recoverers"),
+        "skips-failed-compensation": (SKIPS_FAILED_COMPENSATION, "was skipped"),
         "gives-up-after-three": (GIVES_UP_AFTER_THREE, "stopped after 3 failed refunds"),
-        "no-retry": (NO_RETRY, 'ended the saga'),
-        "no-log": (NO_LOG, 'without the saga log'),
-        "in-memory-log": (IN_MEMORY_LOG, 'half-done'),
-        "backward-skips-in-flight": (BACKWARD_SKIPS_IN_FLIGHT, 'half-done'),
+        "recover-returns-nothing": (RECOVER_RETURNS_NOTHING, "return the ids of the sagas it finished"),
+        "no-retry": (NO_RETRY, "ended the saga"),
+        "no-log": (NO_LOG, "without the saga log"),
+        "in-memory-log": (IN_MEMORY_LOG, "half-done"),
+        "backward-skips-in-flight": (BACKWARD_SKIPS_IN_FLIGHT, "half-done"),
     },
     "outbox_relay": {
-        "dual-write": (DUAL_WRITE, 'dual write'),
-        "two-commits": (TWO_COMMITS, 'lost event'),
-        "skip-locked": (SKIP_LOCKED, 'out of order'),
-        "in-process-lock": (IN_PROCESS_LOCK, 'out of order'),
-        "ignores-limit": (IGNORES_LIMIT, 'at most `limit`'),
+        "dual-write": (DUAL_WRITE, "dual write"),
+        "two-commits": (TWO_COMMITS, "lost event"),
+        "skip-locked": (SKIP_LOCKED, "out of order"),
+        "in-process-lock": (IN_PROCESS_LOCK, "out of order"),
+        "ignores-limit": (IGNORES_LIMIT, "at most `limit`"),
         "mark-first-unlocked": (MARK_FIRST_UNLOCKED, "Likely causes: rows claimed by marking them published first"),
-        "mark-first": (MARK_FIRST, 'never reached the stream'),
-        "swallows-publish-error": (SWALLOWS_PUBLISH_ERROR, 'never reached the stream'),
-        "fresh-event-id": (FRESH_EVENT_ID, 'event_id'),
+        "mark-first": (MARK_FIRST, "never reached the stream"),
+        "swallows-publish-error": (SWALLOWS_PUBLISH_ERROR, "never reached the stream"),
+        "fresh-event-id": (FRESH_EVENT_ID, "event_id"),
     },
 }
 

@@ -547,6 +547,10 @@ async def index_event(pool, event):
 """
 )
 
+# Issue 28 audit: search_docs without `limit`, and without the doc_id tie-break.
+SEARCH_IGNORES_LIMIT = GENERATED_STYLE_UPDATE_WHERE.replace('doc_id LIMIT %s", (query, limit)', 'doc_id", (query,)')
+SEARCH_NO_TIEBREAK = GENERATED_STYLE_UPDATE_WHERE.replace("DESC, doc_id LIMIT", "DESC LIMIT")
+
 LAST_WRITE_WINS = (
     SEARCH
     + f"""
@@ -651,31 +655,33 @@ CORRECT: dict[str, dict[str, str]] = {
 
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "append_events": {
-        "global-max": (GLOBAL_MAX, 'per stream'),
-        "read-then-insert": (READ_THEN_INSERT, 'raise ConcurrencyConflict (catch'),
-        "ignores-expected-version": (IGNORES_EXPECTED_VERSION, 'expected ConcurrencyConflict'),
-        "trusts-expected-version": (TRUSTS_EXPECTED_VERSION, 'not a gap'),
-        "not-atomic": (NOT_ATOMIC, 'partial batch'),
-        "process-lock": (PROCESS_LOCK, 'two replicas'),
+        "global-max": (GLOBAL_MAX, "per stream"),
+        "read-then-insert": (READ_THEN_INSERT, "raise ConcurrencyConflict (catch"),
+        "ignores-expected-version": (IGNORES_EXPECTED_VERSION, "expected ConcurrencyConflict"),
+        "trusts-expected-version": (TRUSTS_EXPECTED_VERSION, "not a gap"),
+        "not-atomic": (NOT_ATOMIC, "partial batch"),
+        "process-lock": (PROCESS_LOCK, "two replicas"),
     },
     "account_projection": {
         "rebuild-in-two-statements": (REBUILD_IN_TWO_STATEMENTS, "two transactions"),
         "rebuild-reset-first": (REBUILD_RESET_FIRST, "two transactions"),
-        "checkpoint-outside-transaction": (CHECKPOINT_OUTSIDE_TRANSACTION, 'applied them again'),
-        "checkpoint-committed-first": (CHECKPOINT_COMMITTED_FIRST, 'write both in one transaction'),
-        "no-checkpoint-lock": (NO_CHECKPOINT_LOCK, 'FOR UPDATE'),
-        "seen-set-in-memory": (SEEN_SET_IN_MEMORY, 'state kept in one process is not shared'),
-        "rebuild-without-reset": (REBUILD_WITHOUT_RESET, 'reset the checkpoint'),
-        "swallows-errors": (SWALLOWS_ERRORS, 'swallowed'),
+        "checkpoint-outside-transaction": (CHECKPOINT_OUTSIDE_TRANSACTION, "applied them again"),
+        "checkpoint-committed-first": (CHECKPOINT_COMMITTED_FIRST, "write both in one transaction"),
+        "no-checkpoint-lock": (NO_CHECKPOINT_LOCK, "FOR UPDATE"),
+        "seen-set-in-memory": (SEEN_SET_IN_MEMORY, "state kept in one process is not shared"),
+        "rebuild-without-reset": (REBUILD_WITHOUT_RESET, "reset the checkpoint"),
+        "swallows-errors": (SWALLOWS_ERRORS, "swallowed"),
     },
     "search_indexer": {
-        "last-write-wins": (LAST_WRITE_WINS, 'the last write won'),
-        "delete-the-row": (DELETE_THE_ROW, 'tombstone'),
-        "read-then-write": (READ_THEN_WRITE, 'overwrote v3'),
+        "last-write-wins": (LAST_WRITE_WINS, "the last write won"),
+        "delete-the-row": (DELETE_THE_ROW, "tombstone"),
+        "read-then-write": (READ_THEN_WRITE, "overwrote v3"),
         "update-then-insert-nothing": (UPDATE_THEN_INSERT_NOTHING, "ON CONFLICT DO NOTHING after an UPDATE"),
-        "tsv-at-query-time": (TSV_AT_QUERY_TIME, 'GIN index'),
+        "tsv-at-query-time": (TSV_AT_QUERY_TIME, "GIN index"),
         "simple-config": (SIMPLE_CONFIG, "'english' configuration"),
-        "unweighted": (UNWEIGHTED, 'title weighted A'),
+        "unweighted": (UNWEIGHTED, "title weighted A"),
+        "search-ignores-limit": (SEARCH_IGNORES_LIMIT, "at most `limit`"),
+        "search-no-tiebreak": (SEARCH_NO_TIEBREAK, "break ties by doc_id"),
     },
 }
 

@@ -565,6 +565,10 @@ REDIS_ERRORS_ONLY = RESOLVE.replace(
 )
 
 
+# Issue 28 audit: a link cached for a minute, not for about CACHE_TTL.
+LINK_CACHED_A_MINUTE = RESOLVE.replace("ex=int(CACHE_TTL if url else MISS_TTL)", "ex=int(60 if url else MISS_TTL)")
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "encode_code": {
         "feistel": FEISTEL,
@@ -584,34 +588,35 @@ CORRECT: dict[str, dict[str, str]] = {
 
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "encode_code": {
-        "sequential": (SEQUENTIAL, 'share'),
-        "reversed": (REVERSED, 'share'),
-        "multiplied": (MULTIPLIED, 'fixed step'),
-        "xor": (XOR_KEY, '7 characters'),
-        "key-per-process": (KEY_DRAWN_AT_START, 'replica'),
-        "no-cycle-walk": (NO_CYCLE_WALK, 'cycle-walking'),
-        "no-padding": (NO_PADDING, 'pad'),
-        "hashed": (HASHED, 'KeyError'),
+        "sequential": (SEQUENTIAL, "share"),
+        "reversed": (REVERSED, "share"),
+        "multiplied": (MULTIPLIED, "fixed step"),
+        "xor": (XOR_KEY, "7 characters"),
+        "key-per-process": (KEY_DRAWN_AT_START, "replica"),
+        "no-cycle-walk": (NO_CYCLE_WALK, "cycle-walking"),
+        "no-padding": (NO_PADDING, "pad"),
+        "hashed": (HASHED, "KeyError"),
     },
     "create_link": {
-        "check-then-insert-alias": (CHECK_THEN_INSERT_ALIAS, 'ON CONFLICT'),
-        "alias-returns-existing": (ALIAS_RETURNS_EXISTING, 'AliasTaken'),
-        "key-check-then-act": (KEY_CHECK_THEN_ACT, 'claim the key atomically'),
-        "key-in-process": (KEY_IN_PROCESS, 'one process'),
-        "no-hash": (NO_HASH_COMPARE, 'IdempotencyKeyReused'),
+        "check-then-insert-alias": (CHECK_THEN_INSERT_ALIAS, "ON CONFLICT"),
+        "alias-returns-existing": (ALIAS_RETURNS_EXISTING, "AliasTaken"),
+        "key-check-then-act": (KEY_CHECK_THEN_ACT, "claim the key atomically"),
+        "key-in-process": (KEY_IN_PROCESS, "one process"),
+        "no-hash": (NO_HASH_COMPARE, "IdempotencyKeyReused"),
         "hash-without-alias": (HASH_WITHOUT_ALIAS, "alias included"),
-        "max-id": (MAX_ID_PLUS_ONE, 'nextval'),
+        "max-id": (MAX_ID_PLUS_ONE, "nextval"),
     },
     "resolve": {
-        "no-fallback": (NO_FALLBACK, 'must not fail the redirect'),
-        "no-breaker": (NO_BREAKER, 'breaker.call'),
-        "set-around-breaker": (SET_AROUND_THE_BREAKER, 'hammers'),
-        "no-negative-cache": (NO_NEGATIVE_CACHE, 'negative caching'),
-        "miss-without-ttl": (MISS_WITHOUT_TTL, 'expires within 5 minutes'),
-        "truthy-miss": (TRUTHY_MISS, 'truthiness'),
-        "in-process": (IN_PROCESS_CACHE, 'one process'),
-        "db-error-as-miss": (DB_ERROR_AS_MISS, '503'),
-        "redis-errors-only": (REDIS_ERRORS_ONLY, 'CircuitOpenError'),
+        "no-fallback": (NO_FALLBACK, "must not fail the redirect"),
+        "no-breaker": (NO_BREAKER, "breaker.call"),
+        "set-around-breaker": (SET_AROUND_THE_BREAKER, "hammers"),
+        "no-negative-cache": (NO_NEGATIVE_CACHE, "negative caching"),
+        "miss-without-ttl": (MISS_WITHOUT_TTL, "expires within 5 minutes"),
+        "truthy-miss": (TRUTHY_MISS, "truthiness"),
+        "link-cached-a-minute": (LINK_CACHED_A_MINUTE, "expected about CACHE_TTL"),
+        "in-process": (IN_PROCESS_CACHE, "one process"),
+        "db-error-as-miss": (DB_ERROR_AS_MISS, "503"),
+        "redis-errors-only": (REDIS_ERRORS_ONLY, "CircuitOpenError"),
     },
 }
 

@@ -306,10 +306,21 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
         await plan.arm_orders([(order, k) for k, order in enumerate(batch, 1)])
         await asyncio.gather(*(crash(order) for order in batch))
         await plan.disarm()
+        unfinished = sorted(
+            o["order_id"]
+            for o, (rows, final) in zip(batch, await _final_rows(pool, [o["order_id"] for o in batch]), strict=True)
+            if rows and final is None
+        )
         try:
-            await asyncio.wait_for(recoverers[0](pool, sleep=clock.sleep), CALL_LIMIT * 3)
+            returned = await asyncio.wait_for(recoverers[0](pool, sleep=clock.sleep), CALL_LIMIT * 3)
         except TimeoutError:
             r.fail("recover_sagas did not return: does it retry without awaiting sleep, or wait for something?")
+        if not isinstance(returned, list | tuple) or sorted(map(str, returned)) != unfinished:
+            r.fail(
+                f"after the {kind_name} crashes, {len(unfinished)} saga(s) had a begin row and no final row; "
+                f"recover_sagas() finished them and returned {returned!r:.160}; expected their saga ids "
+                f"({unfinished[:3]}...): return the ids of the sagas it finished, each once"
+            )
         counts: dict[str, int] = {}
         after = await shop.effects_of(pool, batch)
         finals = await _final_rows(pool, [o["order_id"] for o in batch])
@@ -346,7 +357,12 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
     # --- recovery again changes nothing ----------------------------------------------------------
     ids = list(orders.kind)
     snapshot = {oid: await shop.effects(pool, {"order_id": oid, "sku": "", "customer": ""}) for oid in ids}
-    await asyncio.wait_for(recoverers[1](pool, sleep=clock.sleep), CALL_LIMIT * 3)
+    returned = await asyncio.wait_for(recoverers[1](pool, sleep=clock.sleep), CALL_LIMIT * 3)
+    r.expect(
+        not returned,
+        "and returned no saga ids",
+        f"recover_sagas() run again, with every saga finished, returned {returned!r:.160}; expected [] (it finished none)",
+    )
     again = {oid: await shop.effects(pool, {"order_id": oid, "sku": "", "customer": ""}) for oid in ids}
     changed = [oid for oid in ids if snapshot[oid] != again[oid]]
     r.expect(
@@ -622,7 +638,8 @@ async def _check_outbox(r: Report, pool, redis, prefix: str, plan, control, plac
         r.fail(
             f"two relays at once published order {agg}'s events out of order: event {late} reached the stream "
             f"before event {early}, while the first relay was held at its first publish (stream order "
-            f"{order_seen[agg]}). Likely causes: " + "; or ".join(causes if skips else causes[1:])
+            f"{order_seen[agg]}). Likely causes: "
+            + "; or ".join(causes if skips else causes[1:])
             + ". Keep one order's events with one relay at a time: one active relay (an advisory lock), relays "
             "that own partitions of the aggregate ids, or FOR UPDATE that waits"
         )

@@ -649,6 +649,24 @@ async def _check_search(r: Report, index_event, search_docs, pool, ns) -> None:
         "(title weighted A above body B, ordered by ts_rank descending) and no 'rank-none'",
     )
 
+    found = await search_docs(pool, "snapshot isolation", limit=1)
+    r.expect(
+        found == ["rank-title"],
+        "search_docs('snapshot isolation', limit=1) returns the best match only",
+        f"search_docs(pool, 'snapshot isolation', limit=1) returned {found}; expected ['rank-title']: return at "
+        "most `limit` doc_ids (LIMIT %s)",
+    )
+    for doc_id in ("tie-d", "tie-b", "tie-c", "tie-a"):  # equal rank, indexed out of doc_id order
+        await index_event(pool, _event(doc_id, 1, title="Quorum reads", body="Read repair after a quorum read."))
+    found = await search_docs(pool, "quorum")
+    r.expect(
+        found == ["tie-a", "tie-b", "tie-c", "tie-d"],
+        "four documents of equal rank come back ordered by doc_id",
+        f"four documents with the same words (equal ts_rank), indexed as tie-d, tie-b, tie-c, tie-a, came back "
+        f"as {found}; expected ['tie-a', 'tie-b', 'tie-c', 'tie-d']: break ties by doc_id (ORDER BY ts_rank(...) "
+        "DESC, doc_id)",
+    )
+
     # --- two replicas, two versions, the newer one written first --------------------------------------
     a, b = r.replicas("index_event", 2)
     await index_event(pool, _event("doc-race", 1, title="First draft", body="draft"))
@@ -685,7 +703,7 @@ async def _check_search(r: Report, index_event, search_docs, pool, ns) -> None:
         results, log = await rig.race(
             ns.database_url,
             ["search_documents"],
-            [lambda v=first: a(pool, events[v]), lambda v=second: b(pool, events[v])],
+            [lambda v=first, e=events: a(pool, e[v]), lambda v=second, e=events: b(pool, e[v])],
             order=[first, second],
             stagger=True,
         )

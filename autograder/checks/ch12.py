@@ -522,7 +522,16 @@ async def _check_resolve(r: Report, resolve, redis, cache: _Switch, pool, db: _S
         "by the service's other replicas, and nothing invalidates it)",
     )
     ttl = max([await plain.pttl(k) for k in hit_keys] or [-1])
-    r.expect(ttl > 0, f"the cached link expires ({ttl / 3_600_000:.1f} h)", "the cached link has no TTL (PTTL -1)")
+    low, high = shortener.CACHE_TTL * 500, shortener.CACHE_TTL * 1500  # "about CACHE_TTL", in ms: within 50%
+    r.expect(
+        low <= ttl <= high,
+        f"the cached link expires in {ttl / 3_600_000:.1f} h (about CACHE_TTL, {shortener.CACHE_TTL / 3600:g} h)",
+        "the cached link has no TTL (PTTL -1): cache it for about CACHE_TTL seconds"
+        if ttl < 0
+        else f"the cached link expires in {ttl / 1000:g} s; expected about CACHE_TTL ({shortener.CACHE_TTL:g} s, "
+        "within half of it either way). Likely causes: MISS_TTL (or another constant) used for a link, or a TTL "
+        "given in the wrong unit (PX takes milliseconds, EX seconds)",
+    )
     (twin,) = r.replicas("resolve", 1)
     q2 = db.calls
     got = await twin(a, redis, pool, breaker())

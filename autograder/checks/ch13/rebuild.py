@@ -8,10 +8,10 @@ import psycopg
 
 from autograder.checks.ch13.rig import (
     BOARD,
-    _name,
     _board,
     _event,
     _mentions,
+    _name,
     _show,
     _totals,
     _writes,
@@ -20,7 +20,6 @@ from autograder.harness import Report, task
 from autograder.probes import hooked_redis
 from course import leaderboard as lb
 from course.kit import lab
-
 
 WATCHED = 40  # players a reader looks up after each write round trip, besides the board's size
 
