@@ -629,6 +629,37 @@ REPLAY_LEAVES_PARKED = patched(
 )
 
 
+# Issue 28 audit: parks a blocked key's entry and also records it in mq_processed ("do nothing else").
+PARK_ALSO_PROCESSED = patched(
+    LANES,
+    (
+        """                    (stream, entry_id, fields["key"], Jsonb(fields)),
+                )
+                return""",
+        """                    (stream, entry_id, fields["key"], Jsonb(fields)),
+                )
+                await conn.execute(
+                    "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                    (fields["id"], stream, entry_id),
+                )
+                return""",
+    ),
+)
+
+# Issue 28 audit: counts every message it read, not the ones it applied (P-3 is parked twice).
+REPLAY_COUNTS_ROWS_READ = patched(
+    ONE_TRANSACTION,
+    (
+        "                await handle(conn, fields)\n                applied += 1\n",
+        "                await handle(conn, fields)\n",
+    ),
+    (
+        "            if await cur.fetchone() is not None:",
+        "            applied += 1\n            if await cur.fetchone() is not None:",
+    ),
+)
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "ordered_consumer": {
         "lanes-retry_call": LANES,
@@ -653,6 +684,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "whole-stream-serial": (SERIAL, "head-of-line"),
         "batch-waits-for-batch": (BATCH_WAITS_FOR_BATCH, "later batch"),
         "all-entries-at-once": (ALL_AT_ONCE, "one at a time"),
+        "park-also-processed": (PARK_ALSO_PROCESSED, "parked and also recorded in mq_processed"),
         "key-not-blocked": (NO_BLOCK, "block the key"),
         "retries-permanent-errors": (RETRIES_PERMANENT, "permanent error"),
         "no-jitter": (NO_JITTER, "no jitter"),
@@ -668,6 +700,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "unblock-first": (REPLAY_UNBLOCK_FIRST, "overtake"),
         "keeps-dead-letter": (REPLAY_KEEPS_DEAD_LETTER, "XDEL"),
         "skips-failures": (REPLAY_SKIPS_FAILURES, "roll back"),
+        "counts-rows-read": (REPLAY_COUNTS_ROWS_READ, "Return how many messages it applied"),
         "leaves-parked": (REPLAY_LEAVES_PARKED, "mq_parked still holds"),
     },
 }

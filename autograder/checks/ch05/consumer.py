@@ -330,6 +330,18 @@ async def _dead_letters(r: Report, consumer, ns, watcher, admin) -> None:
             "P-2, P-3 and X-2 parked in mq_parked with their key and fields",
             f"mq_parked rows for {bad} do not hold the entry's key and its fields as read from the stream",
         )
+        cur = await watcher.execute(
+            "SELECT message_id FROM mq_processed WHERE stream = %s AND message_id = ANY(%s) ORDER BY message_id",
+            (world.stream, want),
+        )
+        recorded = [row[0] for row in await cur.fetchall()]
+        r.expect(
+            not recorded,
+            "the parked messages are not in mq_processed (parking does nothing else)",
+            f"{', '.join(recorded)} parked and also recorded in mq_processed: a replay would take them for "
+            "duplicates and never apply them. A blocked key's entry is parked and nothing else (no mq_processed "
+            "row, no handle)",
+        )
         await expect_all_acked(r, admin, world, "poison messages")
         expect_ack_after_commit(r, [rep], world, "poison messages")
         r.ok("every entry acknowledged after its commit (parked and dead-lettered ones too)")

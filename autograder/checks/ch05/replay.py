@@ -197,7 +197,7 @@ async def check_replay_key(r: Report, replay_key) -> None:
 async def _replay_basic(r: Report, replay_key, ns, pool, watcher, admin) -> None:
     world = await _blocked_world(ns, watcher, admin, "replay")
     handler = ReplayHandler(world, watcher, broken={"Q-1"})
-    await _replay(replay_key, pool, admin, handler, world, "P")
+    got = await _replay(replay_key, pool, admin, handler, world, "P")
     if handler.misuse:
         r.fail(handler.misuse[0])
     if handler.unblocked_early:
@@ -206,6 +206,13 @@ async def _replay_basic(r: Report, replay_key, ns, pool, watcher, admin) -> None
             "message of P could overtake the parked ones. Unblock only after (or in the transaction of) the last one"
         )
     await _expect_replayed(r, watcher, admin, world, "replay of P")
+    r.expect(
+        got == len(P_ORDER),
+        f"replay_key returned {got}: the messages it applied",
+        f"replay_key applied P-1..P-12 (12 messages; P-3 was parked twice) and returned {got!r}; expected 12. "
+        "Return how many messages it applied: count a message when its mq_processed insert returned a row and "
+        "handle ran, not every row it read",
+    )
 
 
 @replay_scenario("2. replay P again, from another replica; then a new P-13 arrives: nothing changes, P-13 applies")
@@ -214,7 +221,12 @@ async def _replay_twice(r: Report, replay_key, ns, pool, watcher, admin) -> None
     first, second = r.replicas("replay_key", 2)
     await _replay(first, pool, admin, ReplayHandler(world, watcher, broken={"Q-1"}), world, "P")
     handler = ReplayHandler(world, watcher, broken={"Q-1"})
-    await _replay(second, pool, admin, handler, world, "P")
+    again = await _replay(second, pool, admin, handler, world, "P")
+    r.expect(
+        again == 0,
+        "the second replay returned 0",
+        f"a second replay of P, with P no longer blocked, returned {again!r}; expected 0 (it applied nothing)",
+    )
     r.expect(
         not handler.calls,
         "a second replay of P (another replica) called handle for nothing",
