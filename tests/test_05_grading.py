@@ -660,6 +660,28 @@ REPLAY_COUNTS_ROWS_READ = patched(
 )
 
 
+# XACK of a dead-lettered entry before its key's block is committed (acknowledge last).
+ACK_BEFORE_BLOCK = patched(
+    LANES,
+    (
+        """            dlq_id = await redis.xadd(dlq, entry)
+            async with""",
+        """            dlq_id = await redis.xadd(dlq, entry)
+            await redis.xack(stream, group, entry_id)
+            async with""",
+    ),
+)
+
+# The block row without the entry's fields (the replay needs them to apply the dead letter).
+BLOCK_WITHOUT_FIELDS = patched(
+    LANES,
+    (
+        '(stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb(fields), reason)',
+        '(stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb({}), reason)',
+    ),
+)
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "ordered_consumer": {
         "lanes-retry_call": LANES,
@@ -685,6 +707,8 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "batch-waits-for-batch": (BATCH_WAITS_FOR_BATCH, "later batch"),
         "all-entries-at-once": (ALL_AT_ONCE, "one at a time"),
         "park-also-processed": (PARK_ALSO_PROCESSED, "parked and also recorded in mq_processed"),
+        "ack-before-block": (ACK_BEFORE_BLOCK, "XACK of P-1, X-1 came before"),
+        "block-without-fields": (BLOCK_WITHOUT_FIELDS, "wrong fields"),
         "key-not-blocked": (NO_BLOCK, "block the key"),
         "retries-permanent-errors": (RETRIES_PERMANENT, "permanent error"),
         "no-jitter": (NO_JITTER, "no jitter"),

@@ -614,6 +614,9 @@ async def relay_batch(pool, redis, stream, *, limit=10):
 """
 )
 
+# Returns the limit it asked for, not how many it published.
+RETURNS_LIMIT = LEADER_WAITS.replace("    return len(rows)", "    return limit if rows else 0")
+
 SWALLOWS_PUBLISH_ERROR = LEADER_WAITS.replace(
     "            await redis.xadd(stream, fields(*row))",
     "            try:\n                await redis.xadd(stream, fields(*row))\n"
@@ -661,6 +664,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "two-commits": (TWO_COMMITS, "lost event"),
         "skip-locked": (SKIP_LOCKED, "out of order"),
         "in-process-lock": (IN_PROCESS_LOCK, "out of order"),
+        "returns-limit": (RETURNS_LIMIT, "relay_batch returned 10"),
         "ignores-limit": (IGNORES_LIMIT, "at most `limit`"),
         "mark-first-unlocked": (MARK_FIRST_UNLOCKED, "Likely causes: rows claimed by marking them published first"),
         "mark-first": (MARK_FIRST, "never reached the stream"),
