@@ -17,10 +17,9 @@ transaction rolls back. A second replica (the learner's answer cell run again) t
 wrong answer (``WRONG`` in ``tests/test_05_grading.py``) rejected for it.
 """
 
-from autograder.rules import Rule
-
 # The consumer's task registers first, then the replay's: the order selfcheck reports them in.
 from autograder.checks.ch05 import consumer, replay  # noqa: F401, E402
+from autograder.rules import Rule
 
 RULES: dict[str, list[Rule]] = {
     "ordered_consumer": [
