@@ -19,6 +19,7 @@ import math
 
 from autograder.harness import Report, task
 from autograder.probes import Workers, fmt, gated_redis, tally
+from autograder.rules import Rule
 from course.kit import lab
 
 T0 = 1_000_020.0  # injected time: a multiple of 60, so window boundaries fall on whole minutes
@@ -519,3 +520,127 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
         f"{abs(SKEW):g} s between them moved entries out of the window. Without now=, read the time inside the "
         "script with redis.call('TIME')",
     )
+
+
+# ============================================================================= rule tables (issue 28)
+
+RULES: dict[str, list[Rule]] = {
+    "token_bucket": [
+        Rule(
+            "Keep all the bucket's state in Redis under keys whose names contain",
+            "_in_processes: the answer cell in two separate processes, 15 concurrent requests each, on one bucket "
+            "of 10: exactly 10 admitted",
+            "dict-in-one-process",
+        ),
+        Rule(
+            "refills `rate` tokens per second",
+            "_check_token_bucket: refill on injected time (now=), fractions included",
+        ),
+        Rule(
+            "Otherwise it takes **none**",
+            "_token_bucket_hidden: a request of cost above the tokens left is refused, then a cheaper one admitted",
+            "refused-takes-tokens",
+        ),
+        Rule(
+            "`(cost - tokens) / rate`, exactly or rounded up to the millisecond",
+            "_check_token_bucket: the wait returned is compared with (cost - tokens) / rate",
+            "wait-one-token",
+        ),
+        Rule(
+            "`now` (seconds, a float) when it is given",
+            "_check_token_bucket: every request of the visible part passes now=; the clock must be that one",
+            "ignores-injected-now",
+        ),
+        Rule(
+            "the **Redis server's clock**",
+            "_skewed_turns: two processes take turns with now=None while the second one's clock is two minutes behind",
+            "client-clock",
+        ),
+        Rule(
+            "read, decide and write in **one Lua script**",
+            "_token_bucket_hidden: 20 concurrent requests on a bucket of 5, each request's first Redis command "
+            "held until all 20 have sent one (gated): exactly 5 admitted",
+            "get-then-set",
+        ),
+        Rule(
+            "return milliseconds, or a string",
+            "_check_token_bucket: a wait of a fraction of a second must come back as that fraction, not 0",
+            "lua-float-truncated",
+        ),
+        Rule(
+            "Expiry on **every write**",
+            "_token_bucket_hidden: the check shortens the keys' TTLs, makes a request, and reads them again",
+            "expire-only-on-create",
+        ),
+        Rule(
+            "the key must expire no sooner than the bucket would be full again",
+            "_token_bucket_hidden: an empty bucket's keys must have a TTL between capacity / rate - 1 and "
+            "2 x capacity / rate + 1 seconds",
+            "no-expiry",
+        ),
+        Rule(
+            "returns a tuple `(admitted, retry_after)`",
+            "_check_token_bucket: every answer is read as (admitted, retry_after) in seconds",
+            "wait-in-milliseconds",
+        ),
+    ],
+    "sliding_window": [
+        Rule(
+            "at most `limit` requests admitted in any `window` seconds",
+            "_sliding_window_hidden: 100 requests in the second before a whole minute and 100 in the second after, "
+            "limit 100 per 60 s",
+            "fixed-window",
+        ),
+        Rule(
+            "a limiter with **no boundary burst**",
+            "_sliding_window_hidden: a window that would start at a client's first request",
+            "fixed-window-from-first-request",
+        ),
+        Rule(
+            "only admitted requests count",
+            "_sliding_window_hidden: refused requests are retried; they must not push the window out",
+            "refused-requests-count",
+        ),
+        Rule(
+            "requests with the same timestamp each count",
+            "_sliding_window_hidden: eight requests at one instant",
+            "member-is-the-timestamp",
+        ),
+        Rule(
+            "A retry after that long must be admitted",
+            "_sliding_window_hidden: the promised wait is probed at that time",
+            "counter-waits-for-next-window",
+        ),
+        Rule(
+            "one at `max(0.5, 10%)` of it earlier must still be refused",
+            "_sliding_window_hidden: the promised wait is probed before it ends",
+            "wait-always-window",
+        ),
+        Rule(
+            "one Lua script (or `WATCH`/`MULTI`)",
+            "_sliding_window_hidden: 20 concurrent requests held at a gate until all have sent their first command",
+            "count-then-add",
+        ),
+        Rule(
+            "each with an expiry of at most `2 x window + 1` seconds",
+            "_sliding_window_hidden: the keys' TTLs are read",
+            "no-expiry",
+        ),
+        Rule(
+            "`now` when given, else `redis.call('TIME')`",
+            "_skewed_turns: two processes taking turns with now=None, one clock two minutes behind",
+            "client-clock",
+        ),
+        Rule(
+            "keys whose names contain `key`",
+            "_in_processes: two processes with 12 concurrent requests each",
+            "deque-in-one-process",
+        ),
+    ],
+}
+
+#: The course's own answers: a learner who only calls one of these earns nothing for the task.
+REFERENCES: dict[str, list[str]] = {
+    "token_bucket": ["course.ratelimit:token_bucket"],
+    "sliding_window": ["course.ratelimit:sliding_window"],
+}
