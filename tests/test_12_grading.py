@@ -569,6 +569,15 @@ REDIS_ERRORS_ONLY = RESOLVE.replace(
 LINK_CACHED_A_MINUTE = RESOLVE.replace("ex=int(CACHE_TTL if url else MISS_TTL)", "ex=int(60 if url else MISS_TTL)")
 
 
+# Issue 28: decode_code takes any string: a code with a character outside ALPHABET is not refused.
+NO_DECODE_VALIDATION = FEISTEL.replace(
+    """    if not isinstance(code, str) or len(code) != 7 or any(ch not in ALPHABET for ch in code):
+        raise ValueError(code)
+""",
+    "",
+)
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "encode_code": {
         "feistel": FEISTEL,
@@ -595,6 +604,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "key-per-process": (KEY_DRAWN_AT_START, "replica"),
         "no-cycle-walk": (NO_CYCLE_WALK, "cycle-walking"),
         "no-padding": (NO_PADDING, "pad"),
+        "no-decode-validation": (NO_DECODE_VALIDATION, "expected ValueError"),
         "hashed": (HASHED, "KeyError"),
     },
     "create_link": {
