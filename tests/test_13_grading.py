@@ -526,6 +526,21 @@ def merge_top(local_tops, n):
 """
 
 
+# Issue 28: empties the shards' lists while merging ("do not change the lists you are given").
+MERGE_EMPTIES_THE_LISTS = """
+def merge_top(local_tops, n):
+    everyone = []
+    for top in local_tops:
+        while top:
+            everyone.append(top.pop(0))
+    everyone.sort(key=lambda e: (e[1], e[0]), reverse=True)
+    return everyone[:n]
+"""
+
+# Issue 28: a duplicate delivery is reported as applied.
+RECORD_ALWAYS_TRUE = RECORD_SOLUTION.replace("            return False", "            return True")
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "record_score": {
         "zadd-gt-after-commit": RECORD_SOLUTION,
@@ -553,6 +568,7 @@ CORRECT: dict[str, dict[str, str]] = {
 
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "record_score": {
+        "always-true": (RECORD_ALWAYS_TRUE, "only the return value is wrong"),
         "dedup-row-written-not-consulted": (RECORD_DEDUP_TABLE_NOT_CONSULTED, "applied once"),
         "zincrby-raw-points-every-delivery": (RECORD_ZINCRBY_RAW, "raw points"),
         "in-process-seen-set": (RECORD_IN_PROCESS_SEEN, "state kept in one process is not shared"),
@@ -584,6 +600,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "first-of-each-shard": (MERGE_FIRST_OF_EACH, "first entry"),
         "points-only": (MERGE_BY_POINTS, "points alone"),
         "ties-by-name-ascending": (MERGE_TIES_BY_NAME, "member order, descending"),
+        "empties-the-lists": (MERGE_EMPTIES_THE_LISTS, "changed the lists it was given"),
         "round-robin": (MERGE_ROUND_ROBIN, "wrong order"),
     },
 }
