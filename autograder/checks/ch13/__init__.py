@@ -20,7 +20,6 @@ how the verdicts stay deterministic while the concurrency is real:
 
 # Imported in the order the chapter's tasks are reported in.
 from autograder.checks.ch13 import merge, reads, rebuild, record  # noqa: F401, E402
-
 from autograder.rules import Rule  # noqa: E402
 
 RULES: dict[str, list[Rule]] = {
