@@ -639,8 +639,14 @@ CORRECT: dict[str, dict[str, str]] = {
         "waits-on-rows": WAITS_ON_ROWS,
         "leader-skips": LEADER_SKIPS,
         "heads-only": HEADS_ONLY,
-        "course-relay": COURSE_RELAY,
     },
+}
+
+
+# Answers that only call the course's own answer (REFERENCES in the chapter's check module). Once the
+# grader's reference guard (issue 28, autograder/rules.py) is in, they earn nothing; until then they pass.
+CALLS_THE_REFERENCE: dict[str, dict[str, str]] = {
+    "outbox_relay": {"course-relay": COURSE_RELAY},
 }
 
 

@@ -401,17 +401,23 @@ async def sliding_window(redis, key, limit, window, now=None):
 
 CORRECT: dict[str, dict[str, str]] = {
     "token_bucket": {
-        "reference": TB_REFERENCE,
         "lua-hash-ms": TB_LUA_MS,
         "watch-multi-server-time": TB_WATCH_MULTI,
         "lua-json-string": TB_LUA_STRING,
     },
     "sliding_window": {
-        "reference-log": SW_REFERENCE,
         "log-watch-multi": SW_LOG_WATCH_MULTI,
         "counter-hash": SW_COUNTER_LUA,
         "counter-two-keys-floor": SW_COUNTER_TWO_KEYS_FLOOR,
     },
+}
+
+
+# Answers that only call the course's own answer (REFERENCES in the chapter's check module). Once the
+# grader's reference guard (issue 28, autograder/rules.py) is in, they earn nothing; until then they pass.
+CALLS_THE_REFERENCE: dict[str, dict[str, str]] = {
+    "token_bucket": {"reference": TB_REFERENCE},
+    "sliding_window": {"reference-log": SW_REFERENCE},
 }
 
 

@@ -546,7 +546,6 @@ CORRECT: dict[str, dict[str, str]] = {
         "zadd-gt-after-commit": RECORD_SOLUTION,
         "zadd-under-row-lock": RECORD_UNDER_ROW_LOCK,
         "lua-keep-max": RECORD_LUA_MAX,
-        "reference": RECORD_REFERENCE,
     },
     "top_and_rank": {
         "multi-pipeline": TOP_SOLUTION,
@@ -556,13 +555,20 @@ CORRECT: dict[str, dict[str, str]] = {
         "keyset-pages-zadd-gt": REBUILD_SOLUTION,
         "server-cursor-pipelined": REBUILD_SERVER_CURSOR,
         "aside-then-zunionstore-max": REBUILD_ASIDE_THEN_MERGE,
-        "reference": REBUILD_REFERENCE,
     },
     "merge_top": {
         "heap-merge": MERGE_SOLUTION,
         "sort-all": MERGE_SORTED,
         "nlargest": MERGE_NLARGEST,
     },
+}
+
+
+# Answers that only call the course's own answer (REFERENCES in the chapter's check module). Once the
+# grader's reference guard (issue 28, autograder/rules.py) is in, they earn nothing; until then they pass.
+CALLS_THE_REFERENCE: dict[str, dict[str, str]] = {
+    "record_score": {"reference": RECORD_REFERENCE},
+    "rebuild_board": {"reference": REBUILD_REFERENCE},
 }
 
 
