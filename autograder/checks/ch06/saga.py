@@ -1,0 +1,407 @@
+"""Hidden checks of ``order_saga``: crashes before every write, transient failures, two recoverers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+
+from autograder.harness import Report, error_line, task
+from course import saga
+from course.chapters.ch06 import shop
+from course.chapters.ch06.crashes import CrashPlan
+from course.chapters.ch06.events import settle
+from course.idempotency import SimulatedCrash
+from course.kit import lab
+from course.kit.faults import VirtualClock
+
+BROKEN = (
+    ". A compensation gave back more than its step took (it ran for a step that never happened, or twice): give "
+    "back only when the row moves from its done status to its undone status (UPDATE ... WHERE status = 'charged' "
+    "RETURNING ...), in the same transaction"
+)
+REFUND_FAILURES = 6  # more than a fixed handful of tries: a compensation is never given up
+CALL_LIMIT = 10.0  # real seconds one call may take once its process has "died"
+CRASHING_AT_ONCE = 5  # orders crashed at once, each at its own write (5 x 2 nested connections < the pool of 12)
+
+
+# ----------------------------------------------------------------------------- order_saga
+
+
+class Orders:
+    """Fresh orders, each with its own stock row and wallet, so their effects never mix."""
+
+    KINDS = {
+        "completing": ("EU", 1_000_00),
+        "declined": ("EU", 1_00),
+        "unshippable": ("MOON", 1_000_00),
+    }
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+        self.n = 0
+        self.before: dict[str, dict] = {}
+        self.kind: dict[str, str] = {}
+
+    async def new(self, kind: str) -> dict:
+        return (await self.many(kind, 1))[0]
+
+    async def many(self, kind: str, n: int) -> list[dict]:
+        zone, wallet = self.KINDS[kind]
+        made = []
+        for _ in range(n):
+            self.n += 1
+            order = {
+                "order_id": f"{kind}-{self.n:03d}",
+                "customer": f"cust-{self.n:03d}",
+                "sku": f"sku-{self.n:03d}",
+                "qty": 2,
+                "amount_cents": 25_00,
+                "zone": zone,
+            }
+            self.before[order["order_id"]] = {"stock": 10, "wallet": wallet}
+            self.kind[order["order_id"]] = kind
+            made.append(order)
+        await shop.stock_up(
+            self.pool, stock={o["sku"]: 10 for o in made}, wallets={o["customer"]: wallet for o in made}
+        )
+        return made
+
+    async def outcome(self, order: dict) -> tuple[str, list[str]]:
+        return shop.outcome(order, self.before[order["order_id"]], await shop.effects(self.pool, order))
+
+
+async def _final_rows(pool, saga_ids: list[str]) -> list[tuple[int, str | None]]:
+    """:func:`_final_row` of many sagas in one query."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            """
+            SELECT s.ord, count(l.id),
+                   (array_agg(l.event ORDER BY l.id DESC) FILTER (
+                        WHERE l.step = 'saga' AND l.event IN ('completed', 'compensated')))[1]
+            FROM unnest(%s::text[]) WITH ORDINALITY AS s(id, ord)
+            LEFT JOIN saga_log l ON l.saga_id = s.id
+            GROUP BY s.ord ORDER BY s.ord
+            """,
+            (saga_ids,),
+        )
+        return [(n, final) for _, n, final in await cur.fetchall()]
+
+
+async def _final_row(pool, saga_id: str) -> tuple[int, str | None]:
+    """(rows in saga_log for the saga, its final saga-level event or None)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*), (SELECT event FROM saga_log WHERE saga_id = %(s)s AND step = 'saga' "
+            "AND event IN ('completed', 'compensated') ORDER BY id DESC LIMIT 1) FROM saga_log WHERE saga_id = %(s)s",
+            {"s": saga_id},
+        )
+        n, final = await cur.fetchone()
+    return n, final
+
+
+def _crash_sleep(plan: CrashPlan, clock: VirtualClock, order: dict | None = None):
+    async def sleep(seconds: float) -> None:
+        if await plan.fired(order):
+            raise SimulatedCrash("the process is dead: its sleep never returns")
+        await clock.sleep(seconds)
+
+    return sleep
+
+
+async def _run_dead(fn, *args, **kwargs) -> str:
+    """Call learner code in a process that is dying; whatever it does, it ends here."""
+    try:
+        result = await asyncio.wait_for(fn(*args, **kwargs), CALL_LIMIT)
+    except SimulatedCrash:
+        return "died"
+    except TimeoutError:
+        return "hung"
+    except Exception as err:  # noqa: BLE001 - a dying process raises anything
+        return error_line(err, 80)
+    return f"returned {result!r}"[:80]
+
+
+@task(
+    "order_saga",
+    points=6,
+    title="an orchestrated order saga with a saga log and recovery",
+    needs=("release_stock", "refund_payment", "cancel_shipment", "run_order_saga", "recover_sagas"),
+    timeout=120,
+    seed=606,
+)
+async def check_order_saga(r: Report, release_stock, refund_payment, cancel_shipment, run_order_saga, recover_sagas):
+    async with lab.scratch("ch06") as ns:
+        pool = await ns.pool(max_size=12)
+        await saga.setup_schema(pool)
+        await shop.setup_schema(pool)
+        await shop.stock_up(pool, zones=["EU"])
+        control = await psycopg.AsyncConnection.connect(ns.database_url, autocommit=True)
+        try:
+            plan = await CrashPlan.install(control, shop.SAGA_TABLES)
+            comps = (release_stock, refund_payment, cancel_shipment)
+            await _check_saga(r, pool, plan, control, comps, run_order_saga)
+        finally:
+            await control.close()
+
+
+async def _expect_end(r: Report, orders: Orders, order: dict, got, want: str, what: str) -> None:
+    kind, problems = await orders.outcome(order)
+    n, final = await _final_row(orders.pool, order["order_id"])
+    ok = got == want and kind == want and final == want
+    if ok:
+        r.ok(f"{what}: run_order_saga returned {want!r}, the services agree, saga_log ends with (saga, {want})")
+        return
+    if got != want:
+        r.fail(f"{what}: run_order_saga returned {got!r}, expected {want!r}")
+    if kind != want:
+        r.fail(
+            f"{what}: the services hold a {kind} order ({'; '.join(problems) or 'see the tables'}), expected {want}"
+            + (BROKEN if kind == "broken" else "")
+        )
+    if n == 0:
+        r.fail(
+            f"{what}: run_order_saga wrote nothing to saga_log for {order['order_id']}. Without the saga log a new "
+            "process cannot know the saga exists, where it stood, or finish it: log it before its first step"
+        )
+    r.fail(
+        f"{what}: saga_log has {n} row(s) for {order['order_id']} and its final row is "
+        f"{'missing' if final is None else repr(final)}; expected a last row (step 'saga', event {want!r})"
+    )
+
+
+async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_order_saga) -> None:
+    orders = Orders(pool)
+    clock = VirtualClock()
+
+    # --- the visible part: one order completes, one is declined and compensated ---------------
+    order = await orders.new("completing")
+    got = await run_order_saga(pool, order, sleep=clock.sleep)
+    await _expect_end(r, orders, order, got, "completed", f"an order that every service accepts ({order['order_id']})")
+    completed = order
+    order = await orders.new("declined")
+    got = await run_order_saga(pool, order, sleep=clock.sleep)
+    await _expect_end(r, orders, order, got, "compensated", "a declined payment")
+    if r.public:
+        return
+
+    # --- reverse order --------------------------------------------------------------------------
+    order = await orders.new("unshippable")
+    got = await run_order_saga(pool, order, sleep=clock.sleep)
+    await _expect_end(r, orders, order, got, "compensated", "shipping unavailable after stock and payment")
+    trail = [(svc, status) for svc, _, status in await shop.audit(pool, [order["order_id"]])]
+    undo = [x for x in trail if x in (("payments", "refunded"), ("inventory", "released"))]
+    r.expect(
+        undo == [("payments", "refunded"), ("inventory", "released")],
+        "compensations ran in reverse order: refund_payment, then release_stock",
+        f"the services saw {trail}: the refund must come before the stock release (compensate in the reverse "
+        "order of the steps: the last step done is the first undone)",
+    )
+
+    # --- compensations are idempotent and safe when their step never ran ------------------------
+    release_stock, refund_payment, cancel_shipment = comps
+    before = await shop.effects(pool, completed)
+    for comp in comps:
+        await comp(pool, completed)
+        await comp(pool, completed)
+    after = await shop.effects(pool, completed)
+    stock, wallet = after["stock"] - before["stock"], after["wallet"] - before["wallet"]
+    r.expect(
+        (stock, wallet) == (completed["qty"], completed["amount_cents"]) and after["shipment"] == "cancelled",
+        "each compensation called twice on a completed order: stock and money given back once, shipment cancelled",
+        f"each compensation called twice on completed order {completed['order_id']}: stock {stock:+d} "
+        f"(expected +{completed['qty']}), wallet {wallet:+d} (expected +{completed['amount_cents']}), shipment "
+        f"{after['shipment']!r} (expected 'cancelled'). A compensation gives back only when its row moves from "
+        "the done status to the undone one, in the same transaction (UPDATE ... WHERE status = 'reserved' "
+        "RETURNING ...)",
+    )
+    ghost = await orders.new("completing")
+    before = await shop.effects(pool, ghost)
+    for comp in comps:
+        await comp(pool, ghost)
+    after = await shop.effects(pool, ghost)
+    r.expect(
+        (after["stock"], after["wallet"]) == (before["stock"], before["wallet"])
+        and after["reservation"] != "reserved"
+        and after["payment"] != "charged"
+        and after["shipment"] != "scheduled",
+        "each compensation on an order whose steps never ran changed nothing",
+        f"compensations on order {ghost['order_id']}, whose steps never ran, moved the stock by "
+        f"{after['stock'] - before['stock']:+d} and the wallet by {after['wallet'] - before['wallet']:+d}: "
+        "a compensation must undo only what its step did (recovery compensates steps that may not have run)",
+    )
+
+    # --- a compensation that fails transiently is retried, however many tries it takes ---------------
+    order = await orders.new("unshippable")
+    await plan.flaky("refund", REFUND_FAILURES)
+    await plan.flaky("release", 1)
+    sleeps = len(clock.sleeps)
+    try:
+        got = await run_order_saga(pool, order, sleep=clock.sleep)
+    except Exception as err:  # noqa: BLE001 - reported
+        got = f"raised {error_line(err, 90)}"
+    fired = (await plan.flaky_fired("refund"), await plan.flaky_fired("release"))
+    await plan.flaky("refund", 0)
+    await plan.flaky("release", 0)
+    kind, problems = await orders.outcome(order)
+    slept = len(clock.sleeps) - sleeps
+    r.note(
+        f"{order['order_id']}: the refund is made to fail {REFUND_FAILURES} times and the stock return once with "
+        f"SerializationFailure (40001); it failed {fired[0]} and {fired[1]} time(s), {slept} sleep(s) in between"
+    )
+    if kind != "compensated":
+        seen = f"the order is {kind} ({'; '.join(problems)})"
+        if isinstance(got, str) and got.startswith("raised"):
+            seen = f"run_order_saga {got} and {seen}"
+        if slept == 0:
+            cause = (
+                "no sleep was awaited, so a compensation that failed was skipped or ended the saga, not retried. "
+                "Retry it after await sleep(delay) until it succeeds"
+            )
+        elif fired[0] < REFUND_FAILURES and fired[0] > 1:
+            cause = (
+                f"your code retried ({slept} sleeps) but stopped after {fired[0]} failed refunds: a compensation "
+                "is retried until it succeeds, however many tries it takes, never given up and never skipped"
+            )
+        else:
+            cause = (
+                f"your code retried ({slept} sleeps); likely causes: a compensation whose status change and "
+                "give-back are two transactions (the status committed, the give-back failed, and the retry finds "
+                "the row already moved and gives nothing back), or a retry that gave up and went on without it"
+            )
+        r.fail(f"after transient failures of its compensations {seen}: {cause}")
+    await _expect_end(
+        r, orders, order, got, "compensated", f"with a refund failing {REFUND_FAILURES} times and a release once"
+    )
+
+    # --- a crash before every write, then recovery in a new process ---------------------------------
+    (runner,) = r.replicas("run_order_saga", 1)
+    recoverers = r.replicas("recover_sagas", 3)
+    gate = asyncio.Semaphore(CRASHING_AT_ONCE)
+
+    async def crash(order):
+        async with gate:
+            return await _run_dead(runner, pool, order, sleep=_crash_sleep(plan, clock, order))
+
+    for kind_name, want in (("completing", "completed"), ("declined", "compensated"), ("unshippable", "compensated")):
+        order = await orders.new(kind_name)
+        await plan.trace(order)
+        got = await runner(pool, order, sleep=clock.sleep)
+        names = await plan.traced(order)
+        if got != want:
+            r.fail(f"a {kind_name} order ({order['order_id']}) returned {got!r}, expected {want!r}")
+        batch = await orders.many(kind_name, len(names))
+        await plan.arm_orders([(order, k) for k, order in enumerate(batch, 1)])
+        await asyncio.gather(*(crash(order) for order in batch))
+        await plan.disarm()
+        unfinished = sorted(
+            o["order_id"]
+            for o, (rows, final) in zip(batch, await _final_rows(pool, [o["order_id"] for o in batch]), strict=True)
+            if rows and final is None
+        )
+        try:
+            returned = await asyncio.wait_for(recoverers[0](pool, sleep=clock.sleep), CALL_LIMIT * 3)
+        except TimeoutError:
+            r.fail("recover_sagas did not return: does it retry without awaiting sleep, or wait for something?")
+        if not isinstance(returned, list | tuple) or sorted(map(str, returned)) != unfinished:
+            r.fail(
+                f"after the {kind_name} crashes, {len(unfinished)} saga(s) had a begin row and no final row; "
+                f"recover_sagas() finished them and returned {returned!r:.160}; expected their saga ids "
+                f"({unfinished[:3]}...): return the ids of the sagas it finished, each once"
+            )
+        counts: dict[str, int] = {}
+        after = await shop.effects_of(pool, batch)
+        finals = await _final_rows(pool, [o["order_id"] for o in batch])
+        for k, (order, now, (rows, final)) in enumerate(zip(batch, after, finals, strict=True), 1):
+            where = f"a crash just before write {k} of {len(names)} ({names[k - 1]})"
+            end, problems = shop.outcome(order, orders.before[order["order_id"]], now)
+            if end in ("half-done", "broken"):
+                if rows == 0:
+                    r.fail(
+                        f"{kind_name} order, {where}, then recover_sagas() in a new process: the order is {end} "
+                        f"({'; '.join(problems)}) and saga_log has no row for it, so recovery could not know it "
+                        "existed. Log the saga (its order data) before its first step, and every step as it goes"
+                    )
+                r.fail(
+                    f"{kind_name} order, {where}, then recover_sagas() in a new process: the order is {end} "
+                    f"({'; '.join(problems)}); saga_log ends with {final or 'no final row'}. Recovery must finish "
+                    "every saga the log shows unfinished: on forward from the step that was started, or on with "
+                    "its compensation"
+                )
+            if rows and final is None:
+                r.fail(
+                    f"{kind_name} order, {where}: after recover_sagas() the services are {end} but saga_log has no "
+                    "final row for it (step 'saga', event 'completed' or 'compensated'): it stays pending forever"
+                )
+            agree = {"completed": "completed", "compensated": "compensated", "untouched": "compensated"}
+            if final is not None and agree[end] != final:
+                r.fail(f"{kind_name} order, {where}: saga_log says {final!r} but the services hold a {end} order")
+            if end == "completed" and want != "completed":
+                r.fail(f"{kind_name} order, {where}: it ended completed although a service said no")
+            counts[end] = counts.get(end, 0) + 1
+        summary = ", ".join(f"{n} {end}" for end, n in sorted(counts.items()))
+        r.ok(f"a {kind_name} order crashed before each of its {len(names)} writes, then recovered: {summary}")
+
+    # --- recovery again changes nothing ----------------------------------------------------------
+    ids = list(orders.kind)
+    snapshot = {oid: await shop.effects(pool, {"order_id": oid, "sku": "", "customer": ""}) for oid in ids}
+    returned = await asyncio.wait_for(recoverers[1](pool, sleep=clock.sleep), CALL_LIMIT * 3)
+    r.expect(
+        not returned,
+        "and returned no saga ids",
+        f"recover_sagas() run again, with every saga finished, returned {returned!r:.160}; expected [] (it finished none)",
+    )
+    again = {oid: await shop.effects(pool, {"order_id": oid, "sku": "", "customer": ""}) for oid in ids}
+    changed = [oid for oid in ids if snapshot[oid] != again[oid]]
+    r.expect(
+        not changed,
+        f"recover_sagas() run again over {len(ids)} orders changed nothing",
+        f"recover_sagas() run again changed finished orders: {changed[:5]}",
+    )
+
+    # --- two recoverers at once ----------------------------------------------------------------------
+    await _two_recoverers(r, pool, plan, control, orders, runner, r.replicas("recover_sagas", 2), clock)
+
+
+async def _two_recoverers(r: Report, pool, plan, control, orders: Orders, runner, pair, clock) -> None:
+    order = await orders.new("unshippable")
+    await plan.trace(order)
+    await runner(pool, order, sleep=clock.sleep)
+    names = await plan.traced(order)
+    at = next((i + 1 for i, n in enumerate(names) if n.startswith("update ch06_reservations")), None)
+    if at is None:
+        r.fail("release_stock never updated ch06_reservations: mark the reservation 'released'")
+    order = await orders.new("unshippable")
+    await plan.arm_orders([(order, at)])
+    await _run_dead(runner, pool, order, sleep=_crash_sleep(plan, clock, order))
+    await plan.disarm()
+    r.note(
+        f"{order['order_id']}: crashed just before write {at} ({names[at - 1]}); two replicas run recover_sagas() "
+        "at once while the check holds the stock row, until both are blocked or done"
+    )
+    locker = await psycopg.AsyncConnection.connect(control.info.dsn, autocommit=True)
+    try:
+        await locker.execute("BEGIN")
+        await locker.execute("SELECT 1 FROM ch06_stock WHERE sku = %s FOR UPDATE", (order["sku"],))
+        tasks = [asyncio.ensure_future(rec(pool, sleep=clock.sleep)) for rec in pair]
+        await settle(control, tasks, limit=2.0)
+        await locker.execute("COMMIT")
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), CALL_LIMIT * 2)
+    finally:
+        await locker.close()
+    errors = [x for x in results if isinstance(x, BaseException)]
+    end, problems = await orders.outcome(order)
+    if end == "broken":
+        r.fail(
+            f"two recoverers at once left order {order['order_id']} {end}: {'; '.join(problems)}. Both saw the "
+            "reservation still 'reserved' and both gave the stock back: move the row to 'released' and give back "
+            "only if that UPDATE returned the row, in one transaction (then the second waits, sees 'released', "
+            "and does nothing)"
+        )
+    _, final = await _final_row(pool, order["order_id"])
+    r.expect(
+        end in ("compensated", "untouched") and final == "compensated",
+        "two recoverers at once: the order ended compensated, stock and money back once"
+        + (f" ({len(errors)} recoverer(s) raised: {error_line(errors[0], 60)})" if errors else ""),
+        f"two recoverers at once: the order is {end} ({'; '.join(problems)}), saga_log final row {final!r}",
+    )
