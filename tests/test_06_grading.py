@@ -323,6 +323,9 @@ GIVES_UP_AFTER_THREE = SAGA.replace(
 # Issue 28 audit: recovery works but does not return the ids of the sagas it finished.
 RECOVER_RETURNS_NOTHING = SAGA.replace("    return finished\n", "    return []\n")
 
+# Retries with asyncio.sleep, not the injected sleep (a real wait; shortened here to keep the test fast).
+REAL_SLEEP = SAGA.replace("            await sleep(delay)\n", "            await asyncio.sleep(delay / 50)\n")
+
 NO_RETRY = SAGA.replace(
     """            await until_done(undo, pool, order, sleep)""", """            await undo(pool, order)"""
 )
@@ -660,6 +663,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "skips-failed-compensation": (SKIPS_FAILED_COMPENSATION, "was skipped"),
         "gives-up-after-three": (GIVES_UP_AFTER_THREE, "stopped after 3 failed refunds"),
         "recover-returns-nothing": (RECOVER_RETURNS_NOTHING, "return the ids of the sagas it finished"),
+        "real-sleep": (REAL_SLEEP, "never asyncio.sleep"),
         "no-retry": (NO_RETRY, "ended the saga"),
         "no-log": (NO_LOG, "without the saga log"),
         "in-memory-log": (IN_MEMORY_LOG, "half-done"),

@@ -633,6 +633,18 @@ UNWEIGHTED = ROW_LOCK_THEN_COMPARE.replace(TSV, "to_tsvector('english', %(body)s
 )
 
 
+# Issue 28 audit: returns the expected version, not the new one.
+APPEND_RETURNS_EXPECTED = READ_CHECK_INSERT.replace(
+    "    return expected_version + len(events)", "    return expected_version"
+)
+# Issue 28 audit: applies every event of the batch again, whatever the checkpoint says.
+PROJECTION_NO_SKIP = CONDITIONAL_CHECKPOINT.replace(
+    'new = [e for e in events if e["position"] > checkpoint]', "new = list(events)"
+)
+# Issue 28 audit: the rebuild returns nothing.
+REBUILD_RETURNS_NONE = CONDITIONAL_CHECKPOINT.replace("            return total\n", "            return None\n")
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "append_events": {
         "read-check-insert-unique": READ_CHECK_INSERT,
@@ -661,6 +673,7 @@ CALLS_THE_REFERENCE: dict[str, dict[str, str]] = {
 
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "append_events": {
+        "returns-expected-version": (APPEND_RETURNS_EXPECTED, "expected 2 (the new version)"),
         "global-max": (GLOBAL_MAX, "per stream"),
         "read-then-insert": (READ_THEN_INSERT, "raise ConcurrencyConflict (catch"),
         "ignores-expected-version": (IGNORES_EXPECTED_VERSION, "expected ConcurrencyConflict"),
@@ -669,6 +682,8 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "process-lock": (PROCESS_LOCK, "two replicas"),
     },
     "account_projection": {
+        "rebuild-returns-none": (REBUILD_RETURNS_NONE, "rebuild_balances() returned None"),
+        "no-skip": (PROJECTION_NO_SKIP, "skip events at or before the checkpoint"),
         "rebuild-in-two-statements": (REBUILD_IN_TWO_STATEMENTS, "two transactions"),
         "rebuild-reset-first": (REBUILD_RESET_FIRST, "two transactions"),
         "checkpoint-outside-transaction": (CHECKPOINT_OUTSIDE_TRANSACTION, "applied them again"),

@@ -578,6 +578,21 @@ NO_DECODE_VALIDATION = FEISTEL.replace(
 )
 
 
+# Issue 28 audit: PostgreSQL down, it caches a miss it never saw, then raises.
+CACHES_MISS_ON_DB_ERROR = RESOLVE.replace(
+    """    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT url FROM links WHERE code = %s", (code,))).fetchone()""",
+    """    try:
+        async with pool.connection() as conn:
+            row = await (await conn.execute("SELECT url FROM links WHERE code = %s", (code,))).fetchone()
+    except Exception:
+        if cache_up:
+            with contextlib.suppress(*DOWN):
+                await breaker.call(lambda: redis.set(key, "", ex=int(MISS_TTL)))
+        raise""",
+)
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "encode_code": {
         "feistel": FEISTEL,
@@ -617,6 +632,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "max-id": (MAX_ID_PLUS_ONE, "nextval"),
     },
     "resolve": {
+        "caches-miss-on-db-error": (CACHES_MISS_ON_DB_ERROR, "afterwards it returned None"),
         "no-fallback": (NO_FALLBACK, "must not fail the redirect"),
         "no-breaker": (NO_BREAKER, "breaker.call"),
         "set-around-breaker": (SET_AROUND_THE_BREAKER, "hammers"),

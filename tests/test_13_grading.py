@@ -541,6 +541,12 @@ def merge_top(local_tops, n):
 RECORD_ALWAYS_TRUE = RECORD_SOLUTION.replace("            return False", "            return True")
 
 
+# Issue 28 audit: a player who is not on the board gets rank 0, not None.
+TOP_MISSING_IS_ZERO = TOP_SOLUTION.replace("(None if rank is None else rank + 1)", "(0 if rank is None else rank + 1)")
+# Issue 28 audit: the rebuild returns nothing.
+REBUILD_RETURNS_NOTHING = REBUILD_SOLUTION.replace("            return written", "            return None")
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "record_score": {
         "zadd-gt-after-commit": RECORD_SOLUTION,
@@ -586,6 +592,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "zincrby-deltas-do-not-heal": (RECORD_ZINCRBY_DELTA_LOCKED, "heals itself"),
     },
     "top_and_rank": {
+        "missing-is-zero": (TOP_MISSING_IS_ZERO, "expected None"),
         "zero-based-rank": (TOP_ZERO_BASED, "1-based"),
         "ascending": (TOP_ASCENDING, "ZREVRANGE, not ZRANGE"),
         "encoded-points": (TOP_ENCODED_POINTS, "decode(score)[0]"),
@@ -594,6 +601,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "shared-ranks": (TOP_SHARED_RANKS, "equal points one rank"),
     },
     "rebuild_board": {
+        "returns-nothing": (REBUILD_RETURNS_NOTHING, "expected the number of players it wrote"),
         "aside-then-rename": (REBUILD_ASIDE_THEN_RENAME, "gone from the board"),
         "delete-then-load": (REBUILD_DELETE_THEN_LOAD, "players gone"),
         "delete-first-then-read": (REBUILD_DELETE_FIRST_THEN_READ, "a DEL (or UNLINK"),

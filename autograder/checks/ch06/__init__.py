@@ -100,7 +100,9 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "use it, never `asyncio.sleep` itself",
-            "_check_saga: the injected sleep is a virtual clock; a real sleep runs into the task's time limit",
+            "_check_saga: the refund fails six times; the retries must await the injected sleep (counted on the "
+            "check's virtual clock)",
+            "real-sleep",
         ),
     ],
     "outbox_relay": [

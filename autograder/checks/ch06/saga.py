@@ -249,6 +249,12 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
         f"{order['order_id']}: the refund is made to fail {REFUND_FAILURES} times and the stock return once with "
         f"SerializationFailure (40001); it failed {fired[0]} and {fired[1]} time(s), {slept} sleep(s) in between"
     )
+    if kind == "compensated" and slept == 0:
+        r.fail(
+            f"the compensations were retried ({fired[0]} failed refunds, {fired[1]} failed stock returns) but the "
+            "injected sleep was never awaited: the waits between tries must go through `sleep` (the check's "
+            "virtual clock), never asyncio.sleep or time.sleep, which wait for real"
+        )
     if kind != "compensated":
         seen = f"the order is {kind} ({'; '.join(problems)})"
         if isinstance(got, str) and got.startswith("raised"):

@@ -27,6 +27,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "and return the new version",
             "_check_append: the value returned by each append is compared with the stream's last version",
+            "returns-expected-version",
         ),
         Rule(
             "This includes an expected version **behind** the stream",
@@ -59,6 +60,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "skip events at or below it",
             "_check_projection: the same batch again, and an overlapping one, must apply each event once",
+            "no-skip",
         ),
         Rule(
             "set it to the position of the last event applied, **in the same transaction** as the balance changes",
@@ -100,6 +102,7 @@ RULES: dict[str, list[Rule]] = {
             "and returns how many it applied",
             "_check_projection: rebuild_balances() must return the number of events and leave the checkpoint at "
             "the last position",
+            "rebuild-returns-none",
         ),
     ],
     "search_indexer": [

@@ -150,6 +150,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "never cache a miss you did not see",
             "_check_resolve: after PostgreSQL comes back, the code must resolve (no miss cached while it was down)",
+            "caches-miss-on-db-error",
         ),
         Rule(
             "`CircuitOpenError` when the breaker is open",

@@ -91,6 +91,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "or None when the player is not on the board",
             "_check_top_and_rank: a player who is not on the board must get None",
+            "missing-is-zero",
         ),
         Rule(
             "Both follow the board's order, which already encodes the tie rule",
@@ -148,6 +149,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "returns how many players it wrote",
             "_rebuild: the return value must be an int between 3,000 and the players in PostgreSQL",
+            "returns-nothing",
         ),
     ],
     "merge_top": [
