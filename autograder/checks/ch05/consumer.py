@@ -62,7 +62,7 @@ async def check_ordered_consumer(r: Report, ordered_consumer) -> None:
             top = sum(weight(fn) for _, fn in chosen)
             passed, earned = 0, 0.0
             for title, fn in chosen:
-                r.note(title if r.public else f"{title} [{weight(fn) / top:.0%} of the points]")
+                r.note(title if r.public else f"{title} [{100 * weight(fn) / top:g}% of the points]")
                 before = r.failures
                 if getattr(r, "hung", False):
                     r.fail("skipped: the consumer did not return in an earlier scenario", stop=False)
@@ -76,7 +76,7 @@ async def check_ordered_consumer(r: Report, ordered_consumer) -> None:
                     earned += weight(fn)
             r.fraction = earned / top
             if not r.public:
-                r.note(f"{passed} of {len(chosen)} scenarios passed ({earned / top:.0%} of the points)")
+                r.note(f"{passed} of {len(chosen)} scenarios passed ({100 * earned / top:g}% of the points)")
         finally:
             await watcher.close()
 

@@ -178,7 +178,7 @@ async def check_replay_key(r: Report, replay_key) -> None:
             passed, earned = 0, 0.0
             for title, fn in chosen:
                 share = REPLAY_WEIGHTS.get(fn.__name__, 1.0)
-                r.note(title if r.public else f"{title} [{share / top:.0%} of the points]")
+                r.note(title if r.public else f"{title} [{100 * share / top:g}% of the points]")
                 before = r.failures
                 try:
                     await fn(r, replay_key, ns, pool, watcher, admin)
@@ -193,7 +193,7 @@ async def check_replay_key(r: Report, replay_key) -> None:
                     earned += share
             r.fraction = earned / top
             if not r.public:
-                r.note(f"{passed} of {len(chosen)} scenarios passed ({earned / top:.0%} of the points)")
+                r.note(f"{passed} of {len(chosen)} scenarios passed ({100 * earned / top:g}% of the points)")
         finally:
             await watcher.close()
 
