@@ -250,7 +250,7 @@ async def _token_bucket_hidden(r: Report, token_bucket, redis, ns, started: list
     r.expect(
         ok and bool(ttls) and all(v >= (4.5 - 1.0) * 1000 for v in ttls.values()),
         f"that write set the expiry again: {fmt(sorted(v / 1000 for v in ttls.values()))} s",
-        f"after that request the keys expire in {fmt(sorted(v / 1000 for v in ttls.values()))} s"
+        f"after that request the keys expire in {fmt(sorted(round(v / 1000, 1) for v in ttls.values()))} s"
         + ("" if ok else " (and it was refused)")
         + ": set the expiry on every write, not only when the key is created; when the key vanishes early, the "
         "bucket reads as full again and a drained client gets a fresh burst",

@@ -132,8 +132,22 @@ async def _check_outbox(r: Report, pool, redis, prefix: str, plan, control, plac
         and isinstance(payload, dict)
         and payload.get("order_id") == order["order_id"],
         f"the entry carries event_id={event_id}, aggregate_id, event_type and the payload as JSON",
-        f"the entry is {fields}: expected event_id={str(event_id)!r} (the outbox id: consumers drop duplicates by "
-        "it), aggregate_id, event_type and payload (JSON text)",
+        "the stream entry has a wrong "
+        + (
+            ", ".join(
+                name
+                for name, good in (
+                    ("event_id", fields.get("event_id") == str(event_id)),
+                    ("aggregate_id", fields.get("aggregate_id") == order["order_id"]),
+                    ("event_type", fields.get("event_type") == "OrderPlaced"),
+                    ("payload", isinstance(payload, dict) and payload.get("order_id") == order["order_id"]),
+                )
+                if not good
+            )
+        )
+        + f" (its fields: {sorted(fields)}): expected event_id={str(event_id)!r} (the "
+        "outbox id: consumers drop duplicates by it, so a value made up at publish time breaks that), aggregate_id, "
+        "event_type and payload (JSON text)",
     )
     rows = await _outbox_rows(pool, order["order_id"])
     r.expect(rows[0][5] is not None, "the row is marked published", "the row's published_at is still NULL")

@@ -148,7 +148,7 @@ async def _check_resolve(r: Report, resolve, redis, cache: _Switch, pool, db: _S
         f"the cached link expires in {ttl / 3_600_000:.1f} h (about CACHE_TTL, {shortener.CACHE_TTL / 3600:g} h)",
         "the cached link has no TTL (PTTL -1): cache it for about CACHE_TTL seconds"
         if ttl < 0
-        else f"the cached link expires in {ttl / 1000:g} s; expected about CACHE_TTL ({shortener.CACHE_TTL:g} s, "
+        else f"the cached link expires in {ttl / 1000:.0f} s; expected about CACHE_TTL ({shortener.CACHE_TTL:g} s, "
         "within half of it either way). Likely causes: MISS_TTL (or another constant) used for a link, or a TTL "
         "given in the wrong unit (PX takes milliseconds, EX seconds)",
     )

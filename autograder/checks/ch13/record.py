@@ -162,14 +162,16 @@ async def _check_record_score(r: Report, record_score, ns, pool, plain, learner,
     got = board.get("ivy")
     if got is not None and got > want:
         r.fail(
-            f"the board has ivy at {_show(got)} while PostgreSQL says {want_total}: more than the events add up to. "
+            f"the board has ivy above encode{want_total}, the total PostgreSQL holds: more than the events add up "
+            "to (the exact excess depends on how the writes interleaved). "
             "Increments (ZINCRBY) computed from the same starting point were each added; write the total "
             "PostgreSQL returns (ZADD ... GT) instead"
         )
     r.expect(
         got == want,
         f"the board has ivy at {want} (= encode{want_total})",
-        f"the board has ivy at {_show(got)} while PostgreSQL says {want_total}: a board write computed before "
+        f"the board has ivy {'missing' if got is None else 'below'} encode{want_total}, the total PostgreSQL holds "
+        "(which older total won depends on how the writes interleaved): a board write computed before "
         "another event landed arrived after it and moved ivy back. Write with ZADD ... GT (scores only grow), or "
         "write the board while you hold the player's row lock",
     )
