@@ -707,7 +707,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "batch-waits-for-batch": (BATCH_WAITS_FOR_BATCH, "later batch"),
         "all-entries-at-once": (ALL_AT_ONCE, "one at a time"),
         "park-also-processed": (PARK_ALSO_PROCESSED, "parked and also recorded in mq_processed"),
-        "ack-before-block": (ACK_BEFORE_BLOCK, "XACK of P-1, X-1 came before"),
+        "ack-before-block": (ACK_BEFORE_BLOCK, "the XACK of P-1 (and others) came before"),
         "block-without-fields": (BLOCK_WITHOUT_FIELDS, "wrong fields"),
         "key-not-blocked": (NO_BLOCK, "block the key"),
         "retries-permanent-errors": (RETRIES_PERMANENT, "permanent error"),
