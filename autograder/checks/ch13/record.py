@@ -15,6 +15,9 @@ from autograder.checks.ch13.rig import (
     _events,
     _show,
     _totals,
+    close_score_gate,
+    install_score_gate,
+    open_score_gate,
 )
 from autograder.harness import Report, task
 from autograder.probes import hooked_redis, tally
@@ -137,11 +140,16 @@ async def _check_record_score(r: Report, record_score, ns, pool, plain, learner,
     # --- concurrent events of one player: writes that race to the board ---------------------
     points = [7, 11, 13, 17, 19]
     events = [_event(f"e-ivy-{k}", "ivy", p, 600 + k) for k, p in enumerate(points)]
-    gate = BoardGate(len(events), watcher)
+    # every write to leaderboard_scores is held in PostgreSQL until all five callers have read (issue 35:
+    # ivy's FIRST events race every run, not only when the scheduler happens to interleave them)
+    await install_score_gate(watcher)
+    await close_score_gate(watcher)
+    gate = BoardGate(len(events), watcher, opens=lambda: open_score_gate(watcher))
     learner_gated = hooked_redis(ns.redis_url, gate.hook)
     try:
         results = await gate.run(lambda i: ((a, b)[i % 2])(pool, learner_gated, events[i]))
     finally:
+        await open_score_gate(watcher)
         await learner_gated.aclose()
     want_total = (sum(points), 600 + len(points) - 1)
     totals, board = await _totals(pool), await _board(plain)
