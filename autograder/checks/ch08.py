@@ -19,6 +19,7 @@ import math
 
 from autograder.harness import Report, task
 from autograder.probes import Workers, fmt, gated_redis, tally
+from autograder.rules import Rule
 from course.kit import lab
 
 T0 = 1_000_020.0  # injected time: a multiple of 60, so window boundaries fall on whole minutes
@@ -68,6 +69,21 @@ async def _ttls(redis, key: str) -> dict[str, int]:
 def _close(wait: float, exact: float) -> bool:
     """``wait`` is ``exact`` seconds, or that rounded up to the millisecond."""
     return exact - 1e-6 <= wait <= exact + 0.0011
+
+
+def _many(admitted: int, shaped) -> str:
+    """How many of a gated crowd were admitted; above the limit only "more than", because how many more
+    depends on how the requests interleaved after the gate opened (the verdict does not)."""
+    if admitted > 5:
+        return "more than 5 admitted (how many more depends on the interleaving)"
+    return f"{admitted} admitted ({tally(shaped, top=3)})"
+
+
+def _shown(wait, exact: float) -> str:
+    """A wait as printed: one a few milliseconds short of ``exact`` (real time passed) without its digits."""
+    if isinstance(wait, (int, float)) and exact * 0.9 < wait < exact:
+        return f"a little less than {exact:g}"
+    return repr(wait)
 
 
 def _wait_hint(wait: float, exact: float) -> str:
@@ -146,7 +162,7 @@ async def _check_token_bucket(r: Report, token_bucket, redis, ns) -> None:
     r.expect(
         _close(got[3][1], 1.0),
         "the refused one was told to wait 1 s (one token at 1 token/s)",
-        f"the refused request was told to wait {got[3][1]!r} s; expected 1.0 (one token at 1 token/s), in "
+        f"the refused request was told to wait {_shown(got[3][1], 1.0)} s; expected 1.0 (one token at 1 token/s), in "
         f"seconds{_wait_hint(got[3][1], 1.0)}",
     )
     ok, _ = _shape(await token_bucket(redis, "tb:pub", 3, 1.0, cost=1, now=T0 + 1.0))
@@ -195,7 +211,7 @@ async def _token_bucket_hidden(r: Report, token_bucket, redis, ns, started: list
         exact = waits[0]
         if not _close(wait, exact):
             r.fail(
-                f"{t}: the refused request was told to wait {wait!r} s; expected {exact} s "
+                f"{t}: the refused request was told to wait {_shown(wait, exact)} s; expected {exact} s "
                 f"((cost - tokens) / rate, exactly or rounded up to the millisecond){_wait_hint(wait, exact)}"
             )
         r.ok(f"{t}: the refused request was told to wait {wait:.4g} s, exactly what the bucket needs")
@@ -249,7 +265,7 @@ async def _token_bucket_hidden(r: Report, token_bucket, redis, ns, started: list
     r.expect(
         ok and bool(ttls) and all(v >= (4.5 - 1.0) * 1000 for v in ttls.values()),
         f"that write set the expiry again: {fmt(sorted(v / 1000 for v in ttls.values()))} s",
-        f"after that request the keys expire in {fmt(sorted(v / 1000 for v in ttls.values()))} s"
+        f"after that request the keys expire in {fmt(sorted(round(v / 1000, 1) for v in ttls.values()))} s"
         + ("" if ok else " (and it was refused)")
         + ": set the expiry on every write, not only when the key is created; when the key vanishes early, the "
         "bucket reads as full again and a drained client gets a fresh burst",
@@ -275,7 +291,7 @@ async def _token_bucket_hidden(r: Report, token_bucket, redis, ns, started: list
     r.expect(
         admitted == 5,
         "exactly 5 of the 20 were admitted",
-        f"20 concurrent requests on a bucket of 5: {admitted} admitted ({tally(shaped, top=3)}). "
+        f"20 concurrent requests on a bucket of 5: {_many(admitted, shaped)}. "
         + (
             "They all read the bucket before any of them wrote it back (read, then write): make the read and the "
             "write one step, in one Lua script (or WATCH/MULTI with a retry)"
@@ -480,7 +496,7 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
     r.expect(
         admitted == 5,
         "exactly 5 of the 20 were admitted",
-        f"20 concurrent requests, limit 5: {admitted} admitted ({tally(shaped, top=3)}). "
+        f"20 concurrent requests, limit 5: {_many(admitted, shaped)}. "
         + (
             "They all counted the window before any of them added to it (count, then add): do both in one Lua "
             "script (or WATCH/MULTI with a retry)"
@@ -519,3 +535,127 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
         f"{abs(SKEW):g} s between them moved entries out of the window. Without now=, read the time inside the "
         "script with redis.call('TIME')",
     )
+
+
+# ============================================================================= rule tables (issue 28)
+
+RULES: dict[str, list[Rule]] = {
+    "token_bucket": [
+        Rule(
+            "Keep all the bucket's state in Redis under keys whose names contain",
+            "_in_processes: the answer cell in two separate processes, 15 concurrent requests each, on one bucket "
+            "of 10: exactly 10 admitted",
+            "dict-in-one-process",
+        ),
+        Rule(
+            "refills `rate` tokens per second",
+            "_check_token_bucket: refill on injected time (now=), fractions included",
+        ),
+        Rule(
+            "Otherwise it takes **none**",
+            "_token_bucket_hidden: a request of cost above the tokens left is refused, then a cheaper one admitted",
+            "refused-takes-tokens",
+        ),
+        Rule(
+            "`(cost - tokens) / rate`, exactly or rounded up to the millisecond",
+            "_check_token_bucket: the wait returned is compared with (cost - tokens) / rate",
+            "wait-one-token",
+        ),
+        Rule(
+            "`now` (seconds, a float) when it is given",
+            "_check_token_bucket: every request of the visible part passes now=; the clock must be that one",
+            "ignores-injected-now",
+        ),
+        Rule(
+            "the **Redis server's clock**",
+            "_skewed_turns: two processes take turns with now=None while the second one's clock is two minutes behind",
+            "client-clock",
+        ),
+        Rule(
+            "read, decide and write in **one Lua script**",
+            "_token_bucket_hidden: 20 concurrent requests on a bucket of 5, each request's first Redis command "
+            "held until all 20 have sent one (gated): exactly 5 admitted",
+            "get-then-set",
+        ),
+        Rule(
+            "return milliseconds, or a string",
+            "_check_token_bucket: a wait of a fraction of a second must come back as that fraction, not 0",
+            "lua-float-truncated",
+        ),
+        Rule(
+            "Expiry on **every write**",
+            "_token_bucket_hidden: the check shortens the keys' TTLs, makes a request, and reads them again",
+            "expire-only-on-create",
+        ),
+        Rule(
+            "the key must expire no sooner than the bucket would be full again",
+            "_token_bucket_hidden: an empty bucket's keys must have a TTL between capacity / rate - 1 and "
+            "2 x capacity / rate + 1 seconds",
+            "no-expiry",
+        ),
+        Rule(
+            "returns a tuple `(admitted, retry_after)`",
+            "_check_token_bucket: every answer is read as (admitted, retry_after) in seconds",
+            "wait-in-milliseconds",
+        ),
+    ],
+    "sliding_window": [
+        Rule(
+            "at most `limit` requests admitted in any `window` seconds",
+            "_sliding_window_hidden: 100 requests in the second before a whole minute and 100 in the second after, "
+            "limit 100 per 60 s",
+            "fixed-window",
+        ),
+        Rule(
+            "a limiter with **no boundary burst**",
+            "_sliding_window_hidden: a window that would start at a client's first request",
+            "fixed-window-from-first-request",
+        ),
+        Rule(
+            "only admitted requests count",
+            "_sliding_window_hidden: refused requests are retried; they must not push the window out",
+            "refused-requests-count",
+        ),
+        Rule(
+            "requests with the same timestamp each count",
+            "_sliding_window_hidden: eight requests at one instant",
+            "member-is-the-timestamp",
+        ),
+        Rule(
+            "A retry after that long must be admitted",
+            "_sliding_window_hidden: the promised wait is probed at that time",
+            "counter-waits-for-next-window",
+        ),
+        Rule(
+            "one at `max(0.5, 10%)` of it earlier must still be refused",
+            "_sliding_window_hidden: the promised wait is probed before it ends",
+            "wait-always-window",
+        ),
+        Rule(
+            "one Lua script (or `WATCH`/`MULTI`)",
+            "_sliding_window_hidden: 20 concurrent requests held at a gate until all have sent their first command",
+            "count-then-add",
+        ),
+        Rule(
+            "each with an expiry of at most `2 x window + 1` seconds",
+            "_sliding_window_hidden: the keys' TTLs are read",
+            "no-expiry",
+        ),
+        Rule(
+            "`now` when given, else `redis.call('TIME')`",
+            "_skewed_turns: two processes taking turns with now=None, one clock two minutes behind",
+            "client-clock",
+        ),
+        Rule(
+            "keys whose names contain `key`",
+            "_in_processes: two processes with 12 concurrent requests each",
+            "deque-in-one-process",
+        ),
+    ],
+}
+
+#: The course's own answers: a learner who only calls one of these earns nothing for the task.
+REFERENCES: dict[str, list[str]] = {
+    "token_bucket": ["course.ratelimit:token_bucket"],
+    "sliding_window": ["course.ratelimit:sliding_window"],
+}

@@ -20,3 +20,171 @@ how the verdicts stay deterministic while the concurrency is real:
 
 # Imported in the order the chapter's tasks are reported in.
 from autograder.checks.ch13 import merge, reads, rebuild, record  # noqa: F401, E402
+from autograder.rules import Rule  # noqa: E402
+
+RULES: dict[str, list[Rule]] = {
+    "record_score": [
+        Rule(
+            "applies one score event",
+            "_check_record_score: one event delivered six times at once through two replicas: applied once",
+            "dedup-row-written-not-consulted",
+        ),
+        Rule(
+            "however many times and however concurrently it is delivered",
+            "_check_record_score: the six deliveries are split over two replicas (module state is not shared)",
+            "in-process-seen-set",
+        ),
+        Rule(
+            "Record each applied event in `leaderboard_events",
+            "_check_record_score: after Redis is wiped (FLUSHDB) an old event delivered again must not count "
+            "again: the dedup record lives in PostgreSQL with the points",
+            "dedup-in-redis",
+        ),
+        Rule(
+            "is the **latest** `at` among the player's events",
+            "_check_record_score: a player's events delivered out of time order",
+            "reached-at-of-last-delivery",
+        ),
+        Rule(
+            "with the score `encode(points, reached_at)` of the total in PostgreSQL",
+            "_check_record_score: ada's board score is compared with encode(30, 100); ties go to who reached first",
+            "raw-points-ties-by-name",
+        ),
+        Rule(
+            "The board must never go backwards",
+            "_check_record_score: five events of one player at once, their board writes held and released in "
+            "reverse (highest score first; gated)",
+            "stale-write-overwrites",
+        ),
+        Rule(
+            "even when two events of one player are written at the same time",
+            "_check_record_score: the same held writes; a ZINCRBY of deltas races on the player's first event",
+            "zincrby-deltas-first-event-race",
+        ),
+        Rule(
+            "of the total in PostgreSQL",
+            "_check_record_score: after FLUSHDB, a new event must put the player's whole total on the board",
+            "zincrby-deltas-do-not-heal",
+        ),
+        Rule(
+            "Return True when the event was applied, False when it was a duplicate",
+            "_check_record_score: the first delivery must return True, the same event again False",
+            "always-true",
+        ),
+    ],
+    "top_and_rank": [
+        Rule(
+            "the best `n` players (`n >= 1`), best first",
+            "_check_top_and_rank: the top is compared with ZREVRANGE of the board",
+            "ascending",
+        ),
+        Rule(
+            "`points` the **int** `decode(score)[0]` (not the encoded score)",
+            "_check_top_and_rank: the points returned must be ints equal to decode(score)[0]",
+            "encoded-points",
+        ),
+        Rule(
+            "`player`'s **1-based** rank (the best player is 1)",
+            "_check_top_and_rank: ranks of the best player and others on a board of 2,000",
+            "zero-based-rank",
+        ),
+        Rule(
+            "or None when the player is not on the board",
+            "_check_top_and_rank: a player who is not on the board must get None",
+            "missing-is-zero",
+        ),
+        Rule(
+            "Both follow the board's order, which already encodes the tie rule",
+            "_check_top_and_rank: players with equal points: the earlier achiever first, and distinct ranks",
+            "ties-by-name",
+        ),
+        Rule(
+            "which already encodes the tie rule",
+            "_check_top_and_rank: equal points get distinct ranks, in the board's order",
+            "shared-ranks",
+        ),
+        Rule(
+            "Read only what you return",
+            "_check_top_and_rank: the values every round trip brings back from Redis are counted",
+            "whole-board",
+        ),
+    ],
+    "rebuild_board": [
+        Rule(
+            "the board must equal PostgreSQL, **including** the events that arrived during it",
+            "_check_rebuild_board: events recorded just before the first write and just before the write of a "
+            "player's older total",
+        ),
+        Rule(
+            "do not replace the board (no `RENAME` over it, no `DEL` and reload)",
+            "RebuildWatch.look: a reader reads the board's size and a spread sample after each write round trip",
+            "delete-first-then-read",
+        ),
+        Rule(
+            "no `RENAME` over it",
+            "RebuildWatch.look: the RENAME's round trip drops the players that arrived meanwhile",
+            "aside-then-rename",
+        ),
+        Rule(
+            "never lower a score that is there",
+            "RebuildWatch.look and the final board: a ZADD without GT writes the older total of a player",
+            "plain-zadd",
+        ),
+        Rule(
+            "do not lock the writers out",
+            "_check_rebuild_board: the check's own writer has a 2-second lock timeout during the rebuild",
+            "locks-writers",
+        ),
+        Rule(
+            "touch no other key",
+            "_check_rebuild_board: config:season and leaderboard:eu are read after the rebuild; FLUSHDB is seen "
+            "by the reader",
+            "flushdb",
+        ),
+        Rule(
+            "The checks allow one write round trip per 50 players",
+            "RebuildWatch.hook: write round trips are counted",
+            "one-zadd-per-player",
+        ),
+        Rule(
+            "returns how many players it wrote",
+            "_rebuild: the return value must be an int between 3,000 and the players in PostgreSQL",
+            "returns-nothing",
+        ),
+    ],
+    "merge_top": [
+        Rule(
+            "Return the global top `n` in the same shape and order",
+            "check_merge_top: 60 seeded random cases compared with ZREVRANGE of one board",
+            "first-of-each-shard",
+        ),
+        Rule(
+            "exactly what `ZREVRANGE` would return from one board holding every player",
+            "check_merge_top: equal scores across shards must come in descending member order",
+            "ties-by-name-ascending",
+        ),
+        Rule(
+            "`(member, score)` pairs, highest score first",
+            "check_merge_top: many equal points; the encoded score, not the points alone, decides",
+            "points-only",
+        ),
+        Rule(
+            "in the same shape and order",
+            "check_merge_top: shards of different sizes; taking one from each in turn is not a merge",
+            "round-robin",
+        ),
+        Rule(
+            "Do not change the lists you are given",
+            "check_merge_top: the shards' lists are compared with copies after each call",
+            "empties-the-lists",
+        ),
+    ],
+}
+
+#: The course's own answers: a learner who only calls one of these earns nothing for the task.
+REFERENCES: dict[str, list[str]] = {
+    "record_score": ["course.leaderboard:record"],
+    "top_and_rank": ["course.leaderboard:top_and_rank"],
+    "rebuild_board": ["course.leaderboard:rebuild"],
+    "merge_top": ["course.leaderboard:merge_top"],
+}

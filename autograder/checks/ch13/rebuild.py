@@ -11,6 +11,7 @@ from autograder.checks.ch13.rig import (
     _board,
     _event,
     _mentions,
+    _name,
     _show,
     _totals,
     _writes,
@@ -20,29 +21,92 @@ from autograder.probes import hooked_redis
 from course import leaderboard as lb
 from course.kit import lab
 
+WATCHED = 40  # players a reader looks up after each write round trip, besides the board's size
+
 
 class RebuildWatch:
-    """Counts the rebuild's round trips and records events at the worst moments it can see."""
+    """Counts the rebuild's round trips, records events at the worst moments it can see, and reads
+    the board after every write round trip, as a reader of the live board would, DURING the rebuild."""
 
-    def __init__(self, inject_new: Callable[[], Awaitable], inject_for: Callable[[], Awaitable], target: str) -> None:
+    def __init__(
+        self,
+        plain,
+        inject_new: Callable[[], Awaitable] | None = None,
+        inject_for: Callable[[], Awaitable] | None = None,
+        target: str = "",
+    ) -> None:
+        self.plain = plain
         self.inject_new, self.inject_for, self.target = inject_new, inject_for, target
         self.writes = 0
         self.trips = 0
-        self.new_done = self.target_done = False
+        self.new_done = self.target_done = inject_new is None
         self.log: list[str] = []
-        self.deleted_other: list[str] = []
+        self.seen: dict[str, float] = {}  # what a reader has seen on the board so far
+        self.shrank: str | None = None  # the first time a reader saw a player vanish or drop
+
+    async def start(self) -> None:
+        board = await self.plain.zrange(BOARD, 0, -1, withscores=True)
+        step = max(1, len(board) // WATCHED)  # a spread sample keeps a one-ZADD-per-player rebuild cheap to watch
+        self.seen = dict(board[::step])
+        self.card = len(board)
+        if self.target:
+            self.seen.setdefault(self.target, 0.0)
 
     async def hook(self, commands, send):
         self.trips += 1
-        if _writes(commands):
+        writes = _writes(commands)
+        if writes:
             self.writes += 1
             if not self.new_done:
                 self.new_done = True
                 self.log.append(await self.inject_new())
+                self.seen.setdefault("mid-rebuild", 0.0)
             if not self.target_done and _mentions(commands, self.target):
                 self.target_done = True
                 self.log.append(await self.inject_for())
-        return await send()
+        result = await send()
+        if writes and self.shrank is None:
+            await self.look(commands)
+        return result
+
+    async def look(self, commands) -> None:
+        members = list(self.seen)
+        pipe = self.plain.pipeline(transaction=True)
+        pipe.zcard(BOARD)
+        pipe.zmscore(BOARD, members)
+        card, scores = await pipe.execute()
+        now = {m: s for m, s in zip(members, scores, strict=True) if s is not None}
+        gone = [m for m in members if m not in now and self.seen[m] > 0]
+        lower = [m for m in members if m in now and now[m] < self.seen[m]]
+        shrunk = card < self.card
+        if gone or lower or shrunk:
+            seen = []
+            if shrunk:
+                seen.append(f"the board shrink from {self.card} to {card} player(s)")
+            elif gone:
+                seen.append(f"{len(gone)} player(s) it had shown gone from the board")
+            if lower:
+                seen.append(f"{len(lower)} player(s) with a lower score than before")
+            causes = []
+            if shrunk or gone:
+                causes.append(
+                    "players gone: a DEL (or UNLINK, or FLUSHDB) of the board before reloading it, or a RENAME of "
+                    "a board built aside over it; write into the live board instead"
+                )
+            if lower:
+                causes.append(
+                    "a lower score: a ZADD without GT wrote an older total over a newer one; use ZADD ... GT so an "
+                    "older (smaller) score never wins"
+                )
+            names = " ".join(sorted({_name(a) for a in commands}))
+            self.shrank = (
+                f"after your write round trip {self.writes} ({names}) a reader saw {' and '.join(seen)}. Readers "
+                "of the live board must never see it lose a player or a score while it is rebuilt. Likely cause of "
+                + "; of ".join(causes)
+            )
+        for m, score in now.items():
+            self.seen[m] = max(score, self.seen[m])
+        self.card = max(self.card, card)
 
 
 @task("rebuild_board", points=4, title="rebuild the board from PostgreSQL while events arrive", timeout=60, seed=3535)
@@ -136,7 +200,8 @@ async def _check_rebuild_board(r: Report, rebuild_board, ns, pool, writer, plain
     await inject("early-bird", 77)  # arrived after the loss, before the rebuild
     await inject(players[10], 50)
     target = players[2345]
-    watch = RebuildWatch(lambda: inject("mid-rebuild", 123), lambda: inject(target, 500), target)
+    watch = RebuildWatch(plain, lambda: inject("mid-rebuild", 123), lambda: inject(target, 500), target)
+    await watch.start()
     client = hooked_redis(ns.redis_url, watch.hook)
     try:
         n = await _rebuild(r, rebuild_board, pool, client)
@@ -149,6 +214,8 @@ async def _check_rebuild_board(r: Report, rebuild_board, ns, pool, writer, plain
     )
     want = await _expected(pool)
     board = await _board(plain)
+    if watch.shrank:
+        r.fail(f"3,000 players rebuilt while events arrive: {watch.shrank}")
     if board != want:
         reason = ""
         if "mid-rebuild" not in board or "early-bird" not in board:
@@ -192,12 +259,20 @@ async def _check_rebuild_board(r: Report, rebuild_board, ns, pool, writer, plain
         f"(at most {limit} here)",
     )
 
-    # --- again, on a board that is whole --------------------------------------------------------
-    quiet = hooked_redis(ns.redis_url, lambda commands, send: send())
+    # --- again, on a board that is whole, with a reader watching after every write ----------------
+    watch = RebuildWatch(plain)
+    await watch.start()
+    quiet = hooked_redis(ns.redis_url, watch.hook)
     try:
         await _rebuild(r, rebuild_board, pool, quiet)
     finally:
         await quiet.aclose()
+    r.expect(
+        watch.shrank is None,
+        f"a second rebuild on a whole board: a reader after each of its {watch.writes} write round trip(s) "
+        "never saw a player vanish or a score drop",
+        f"a second rebuild on a whole board: {watch.shrank}",
+    )
     board = await _board(plain)
     r.expect(
         board == want,

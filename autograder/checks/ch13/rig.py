@@ -107,7 +107,8 @@ class BoardGate:
     for it to complete before it looks again.
     """
 
-    def __init__(self, n: int, watcher) -> None:
+    def __init__(self, n: int, watcher, opens: Callable[[], Awaitable] | None = None) -> None:
+        self.opens = opens  # called once, the first time the crowd is parked with no board write held
         self.n = n
         self.watcher = watcher
         self.state = ["running"] * n
@@ -162,6 +163,9 @@ class BoardGate:
                 break
             self.stalls += not parked
             if not self.held:
+                if self.opens is not None:
+                    opens, self.opens = self.opens, None
+                    await opens()
                 continue
             self.held.sort(key=lambda h: (h[0], h[1]))
             _, _, _, go, sent = self.held.pop()
@@ -173,3 +177,35 @@ class BoardGate:
 
 def _event(event_id: str, player: str, points: int, at: int) -> dict:
     return {"event_id": event_id, "player": player, "points": points, "at": at}
+
+
+# ----------------------------------------------------------------------------- the score gate
+SCORE_GATE_LOCK = 13_013
+SCORE_GATE = """
+CREATE TABLE IF NOT EXISTS ch13_score_gate (closed boolean PRIMARY KEY);
+CREATE OR REPLACE FUNCTION ch13_score_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM ch13_score_gate) THEN
+        PERFORM pg_advisory_xact_lock_shared(%(lock)s);
+    END IF;
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS ch13_score_gate ON leaderboard_scores;
+CREATE TRIGGER ch13_score_gate BEFORE INSERT OR UPDATE ON leaderboard_scores
+    FOR EACH ROW EXECUTE FUNCTION ch13_score_gate();
+""".replace("%(lock)s", str(SCORE_GATE_LOCK))
+
+
+async def install_score_gate(conn) -> None:
+    """Writes to ``leaderboard_scores`` wait inside PostgreSQL while the gate is closed."""
+    await conn.execute(SCORE_GATE)
+
+
+async def close_score_gate(conn) -> None:
+    await conn.execute("SELECT pg_advisory_lock(%s)", (SCORE_GATE_LOCK,))
+    await conn.execute("INSERT INTO ch13_score_gate VALUES (true) ON CONFLICT DO NOTHING")
+
+
+async def open_score_gate(conn) -> None:
+    await conn.execute("DELETE FROM ch13_score_gate")
+    await conn.execute("SELECT pg_advisory_unlock_all()")

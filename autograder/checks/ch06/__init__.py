@@ -1,0 +1,170 @@
+"""Hidden checks of chapter 06: ``order_saga`` and ``outbox_relay``.
+
+Crashes are deterministic: a trigger counts the writes the learner's code makes to the
+saga's tables (or the outbox) and, armed at ``k``, fails the k-th write and every later
+one, so the process "dies" just before that write (:mod:`course.chapters.ch06.crashes`).
+The check visits every ``k`` of a run (one order per ``k``, several orders at once, each
+crashing at its own write), then starts a fresh replica of the answer (a new process: no
+memory of the old one) and runs the recovery. Transient failures are SQLSTATE
+40001 on a refund or a stock return. Races are made to happen every time: a relay is
+held at its first publish until the second relay has finished or is blocked in
+PostgreSQL; two recoverers are held at the stock row until both are blocked or done.
+The verdicts read the servers: the services' tables, ``saga_log``, the outbox, the stream.
+"""
+
+# Imported in the order the chapter's tasks are reported in.
+from autograder.checks.ch06 import outbox, saga  # noqa: F401, E402
+from autograder.rules import Rule
+
+# ----------------------------------------------------------------------------- rule tables (issue 28)
+
+RULES: dict[str, list[Rule]] = {
+    "order_saga": [
+        Rule(
+            "Each undoes its step",
+            "_check_saga: a declined and an unshippable order must end compensated, stock and money given back",
+            "blind-refund",
+        ),
+        Rule(
+            "in **one local transaction** on its own",
+            "_check_saga: the refund's give-back fails transiently after its status moved; in two transactions "
+            "the retry finds the row moved and the wallet stays short",
+            "split-refund",
+        ),
+        Rule(
+            "A second call changes nothing",
+            "_check_saga: each compensation called twice on a completed order gives back once",
+            "non-idempotent-release",
+        ),
+        Rule(
+            "a call for a step that never ran changes nothing",
+            "_check_saga: each compensation on an order whose steps never ran moves no stock and no money",
+            "blind-refund",
+        ),
+        Rule(
+            "two processes calling it at once give back once",
+            "_two_recoverers: two recover_sagas held at the stock row until both are blocked or done",
+            "check-then-release",
+        ),
+        Rule(
+            "`(saga_id, 'saga', 'begin', Jsonb(order))` before anything else",
+            "_check_saga: a crash before each write, then recover_sagas() in a new process; without the begin row "
+            "the order is left half-done",
+            "no-log",
+        ),
+        Rule(
+            "compensate **every step that was started, the failed one included, in reverse order**",
+            "_check_saga: the unshippable order's services must see the refund before the stock release",
+            "wrong-order",
+        ),
+        Rule(
+            "A compensation that raises is retried",
+            "_check_saga: the refund fails with 40001; a saga that lets it end the run is rejected",
+            "no-retry",
+        ),
+        Rule(
+            "until it succeeds, never skipped",
+            "_check_saga: the refund fails REFUND_FAILURES (6) times in a row; giving up after a fixed number of "
+            "tries, or skipping it, leaves the order half-done",
+            "gives-up-after-three",
+        ),
+        Rule(
+            "Then log `('saga', 'compensated')` and return `'compensated'`",
+            "_expect_end: run_order_saga's return value, the services and the last saga_log row must agree",
+            "skips-failed-compensation",
+        ),
+        Rule(
+            "log `('saga', 'completed')` and return `'completed'`",
+            "_expect_end: an accepted order returns 'completed' and its log ends with (saga, completed)",
+        ),
+        Rule(
+            "Find every saga whose log has a `('saga', 'begin')` row and no final row",
+            "_check_saga: recover_sagas() in a fresh replica (module state gone) must finish every crashed saga",
+            "in-memory-log",
+        ),
+        Rule(
+            "go on compensating (every started step not yet compensated, in reverse order)",
+            "_check_saga: crashes inside the compensation (the in-flight step committed, not yet logged done) "
+            "must still be undone",
+            "backward-skips-in-flight",
+        ),
+        Rule(
+            "Return the saga ids it finished",
+            "_check_saga: after each kind's crashes recover_sagas() must return the ids of the unfinished sagas; "
+            "run again it returns []",
+            "recover-returns-nothing",
+        ),
+        Rule(
+            "a second run changes nothing",
+            "_check_saga: recover_sagas() run again over every order changes no service row",
+        ),
+        Rule(
+            "use it, never `asyncio.sleep` itself",
+            "_check_saga: the refund fails six times; the retries must await the injected sleep (counted on the "
+            "check's virtual clock)",
+            "real-sleep",
+        ),
+    ],
+    "outbox_relay": [
+        Rule(
+            "its event into `outbox",
+            "_check_outbox: place_order's order must have its OrderPlaced outbox row, and publish nothing itself",
+            "dual-write",
+        ),
+        Rule(
+            "'OrderPlaced', Jsonb(order))`, **in one transaction**",
+            "_check_outbox: a crash before each of place_order's two writes; neither may survive alone",
+            "two-commits",
+        ),
+        Rule(
+            "publish up to `limit` unpublished outbox rows",
+            "_check_outbox: two relays with limit=4; every call must publish at most 4",
+            "ignores-limit",
+        ),
+        Rule(
+            "one entry per event with the fields `event_id` (the outbox `id`, as a string)",
+            "_check_outbox: the first stream entry is read field by field",
+            "fresh-event-id",
+        ),
+        Rule(
+            "Return how many it published",
+            "_check_outbox: the first call must return 1 for one event, a second call 0",
+            "returns-limit",
+        ),
+        Rule(
+            "mark a row published only after its XADD succeeded",
+            "_check_outbox: Redis fails at the second XADD of a call; that event must still reach the stream",
+            "mark-first",
+        ),
+        Rule(
+            "A crash in between publishes it again on the next call",
+            "_check_outbox: a relay that crashes at its first write to outbox after publishing; the next call "
+            "publishes the same event_id again",
+            "swallows-publish-error",
+        ),
+        Rule(
+            "one order's events reach the stream in `id` order, **even with several relays running at once**",
+            "_check_outbox: two replicas, the first held at its first publish until the second has returned or "
+            "waits in PostgreSQL (gated), then each order's stream order is read",
+            "skip-locked",
+        ),
+        Rule(
+            "In order per order",
+            "_check_outbox: the same gated race; a relay that claims rows by marking them published first, with no "
+            "lock, lets the second relay take the order's next events",
+            "mark-first-unlocked",
+        ),
+        Rule(
+            "even with several relays running at once",
+            "_check_outbox: the two relays are two replicas of the answer cell, so a lock in one process is not "
+            "seen by the other",
+            "in-process-lock",
+        ),
+    ],
+}
+
+#: The course's own answers: a learner who only calls one of these earns nothing for the task.
+REFERENCES: dict[str, list[str]] = {
+    "order_saga": [],
+    "outbox_relay": ["course.outbox:relay_batch", "course.chapters.ch06.events:place_order_outbox"],
+}

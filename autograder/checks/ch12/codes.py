@@ -1,0 +1,145 @@
+"""Hidden checks of ``encode_code`` and ``decode_code``: a keyed bijection onto 7-character codes."""
+
+from __future__ import annotations
+
+from autograder.harness import Report, error_line, task
+from course import shortener
+from course.chapters import ch12
+
+ALPHABET = set(shortener.ALPHABET)
+TOP = shortener.ID_SPACE
+
+
+def _is_code(value) -> bool:
+    return isinstance(value, str) and len(value) == shortener.CODE_LENGTH and set(value) <= ALPHABET
+
+
+# ============================================================================ encode_code / decode_code
+
+
+@task(
+    "encode_code",
+    points=3,
+    title="7-character codes from a keyed shuffle of the id",
+    needs=("encode_code", "decode_code"),
+    timeout=60,
+    seed=1212,
+)
+async def check_codes(r: Report, encode_code, decode_code) -> None:
+    code = encode_code(1)
+    r.expect(
+        _is_code(code),
+        f"encode_code(1) = {code!r}: 7 characters of 0-9, A-Z, a-z",
+        f"encode_code(1) returned {code!r}; expected a str of 7 characters from 0-9, A-Z, a-z",
+    )
+    back = decode_code(code)
+    r.expect(back == 1, f"decode_code({code!r}) = 1", f"decode_code({code!r}) returned {back!r}, expected 1")
+    first = [encode_code(n) for n in range(1, 21)]
+    shared, _ = ch12.consecutive_stats(first)
+    r.expect(
+        len(set(first)) == 20 and shared < 2,
+        f"ids 1..20 give 20 different codes that share {shared:.2f} of 7 characters with the next on average",
+        f"ids 1..20 give {first[:4]} ...: {len(set(first))} different codes; a code and the next share "
+        f"{shared:.1f} of 7 characters on average. Consecutive ids must not give neighbouring codes: shuffle the id first",
+    )
+    if r.public:
+        return
+
+    # --- a bijection of [0, 62**7) ----------------------------------------------------------------
+    edges = [0, 1, 2, 61, 62, 62**6, TOP // 2, TOP - 2, TOP - 1]
+    ids = edges + [r.random.randrange(TOP) for _ in range(2000)]
+    codes = [encode_code(n) for n in ids]
+    bad = [(n, c) for n, c in zip(ids, codes, strict=True) if not _is_code(c)]
+    r.expect(
+        not bad,
+        f"{len(ids)} ids (0, 62**7 - 1 and {len(ids) - len(edges)} random ones): every code is 7 base62 characters",
+        f"encode_code({bad[0][0] if bad else ''}) returned {bad[0][1] if bad else ''!r}: every id in "
+        "[0, 62**7) needs a code of exactly 7 characters of 0-9, A-Z, a-z (pad with the zero character)",
+    )
+    wrong = [(n, c, decode_code(c)) for n, c in zip(ids, codes, strict=True)]
+    wrong = [w for w in wrong if w[2] != w[0]]
+    r.expect(
+        not wrong,
+        "decode_code(encode_code(n)) == n for all of them",
+        f"decode_code(encode_code({wrong[0][0] if wrong else ''})) = {wrong[0][2] if wrong else ''!r}: "
+        "decode must undo encode for every id. (Shuffling 42 bits? A value at or above 62**7 must be permuted "
+        "again until it lands below, cycle-walking; cutting it with % loses the way back)",
+    )
+    r.expect(
+        len(set(codes)) == len(set(ids)),
+        "no two ids share a code",
+        f"{len(set(ids))} different ids gave only {len(set(codes))} different codes",
+    )
+    samples = ["".join(r.random.choice(shortener.ALPHABET) for _ in range(7)) for _ in range(2000)]
+    misses = []
+    for c in samples:
+        try:
+            n = decode_code(c)
+            again = encode_code(n) if isinstance(n, int) and 0 <= n < TOP else None
+        except ValueError as err:
+            n, again = err, None
+        if again != c:
+            misses.append((c, n))
+    r.expect(
+        not misses,
+        "2000 random 7-character codes: each decodes to an id in [0, 62**7) that encodes back to it (onto)",
+        f"decode_code({misses[0][0] if misses else ''!r}) gave {misses[0][1] if misses else ''!r}, which does not "
+        "encode back to that code: a bijection of [0, 62**7) maps every 7-character code to one id (a Feistel "
+        "network on 42 bits needs cycle-walking to stay inside the range)",
+    )
+    refused = {}
+    for label, call in (
+        ("encode_code(62**7)", lambda: encode_code(TOP)),
+        ("encode_code(-1)", lambda: encode_code(-1)),
+        ("decode_code('abc')", lambda: decode_code("abc")),
+        ("decode_code('abc!def')", lambda: decode_code("abc!def")),
+    ):
+        try:
+            refused[label] = f"returned {call()!r}"
+        except ValueError:
+            refused[label] = "ValueError"
+        except Exception as err:  # noqa: BLE001 - learner code may raise anything
+            refused[label] = f"raised {error_line(err, 60)}"
+    odd = {k: v for k, v in refused.items() if v != "ValueError"}
+    r.expect(
+        not odd,
+        "out of range ids and malformed codes raise ValueError",
+        "expected ValueError for ids outside [0, 62**7) and codes that are not 7 base62 characters: "
+        + "; ".join(f"{k} {v}" for k, v in odd.items()),
+    )
+
+    # --- guessability ------------------------------------------------------------------------------
+    runs = [1, r.random.randrange(10**6, 10**9), TOP - 1001]
+    consecutive = []
+    for start in runs:
+        consecutive += [encode_code(n) for n in range(start, start + 1000)]
+        consecutive.append("")  # no pair across two runs
+    shared, end = ch12.consecutive_stats([c for c in consecutive if c])
+    r.expect(
+        shared < 1.0,
+        f"3 x 1000 consecutive ids: neighbouring codes share {shared:.2f} of 7 characters on average (random: 0.11)",
+        f"codes of consecutive ids share {shared:.2f} of 7 characters on average: anyone holding one code finds "
+        "the others by changing a character or two. Shuffle the id with a keyed permutation before base62",
+    )
+    r.expect(
+        end < 0.5,
+        f"the end characters of one code do not predict the next code's ({end:.0%} of pairs follow the most "
+        "common move; random: about 10%)",
+        f"in {end:.0%} of consecutive pairs the first or last character of the next code is the one this code's "
+        "leads to most often: the shuffle is a fixed step (multiplying or adding a constant), and two codes "
+        "give away all the others. Use a keyed permutation (a Feistel network) instead",
+    )
+
+    # --- replicas ------------------------------------------------------------------------------------
+    (enc_b,) = r.replicas("encode_code", 1)
+    (dec_c,) = r.replicas("decode_code", 1)
+    probe = [r.random.randrange(TOP) for _ in range(200)]
+    same = sum(enc_b(n) == encode_code(n) for n in probe)
+    across = sum(dec_c(encode_code(n)) == n for n in probe)
+    r.expect(
+        same == len(probe) and across == len(probe),
+        "two more replicas of your cell give the same codes and decode each other's",
+        f"a second replica of your cell gives the same code for {same} of {len(probe)} ids, and a third decodes "
+        f"{across} of {len(probe)} of the first one's codes: the key or the shuffle is drawn when the cell runs, "
+        "so each replica of the service makes codes the others cannot resolve. Use the configured CODE_KEY",
+    )
