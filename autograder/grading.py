@@ -124,6 +124,7 @@ class TaskGrade:
     feedback: list[str] = field(default_factory=list)
     status: str = "failed"  # passed | failed | not_done | tampered | cut
     tampered: str | None = None
+    flags: list[str] = field(default_factory=list)  # what a human should read in its answer (autograder/flags.py)
 
     @property
     def passed(self) -> bool:
@@ -164,6 +165,11 @@ class Graded:
     @property
     def tampered(self) -> list[TaskGrade]:
         return [t for t in self.tasks if t.tampered]
+
+    @property
+    def flagged(self) -> list[str]:
+        """``["create_order: line 3: uses sys._getframe (frames)", ...]``: for the instructor to read."""
+        return [f"{t.id}: {line}" for t in self.tasks for line in t.flags]
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -441,12 +447,17 @@ def grade(
     job = build_job(chapter, trusted, submission)
     cuts: dict[str, str] = {}
     run = None
+    forged = False
     for _ in range(MAX_RERUNS + 1):
         run = _run_once({**job, "skip": sorted(cuts)}, sandbox, run_timeout)
+        forged = forged or any(e["event"] == "forged" for e in run.events)
         if run.stuck is None or run.stuck in cuts:
             break
         cuts[run.stuck] = run.why
+    if forged and not any(e["event"] == "forged" for e in run.events):
+        run.events.append({"event": "forged"})  # an earlier run saw lines the grader did not sign
     graded = _assemble(chapter, trusted, job, run, cuts)
+    _flag(graded, job)
     _scrub_graded(graded)
     graded.seconds = time.perf_counter() - started
     warning = sandbox_warning(sandbox)
@@ -467,8 +478,12 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
             graded.cells[event["id"]] = cell
             if event["kind"] == "answer":
                 answer_of[event["id"]] = cell
-    results = {e["id"]: e for e in run.events if e["event"] == "task"}
+    broken = protocol_errors(job, run.events)
+    results = {e["id"]: e for e in run.events if e["event"] == "task" and e["id"] not in broken}
     forged = any(e["event"] == "forged" for e in run.events)
+    for event in run.events:
+        if event["event"] == "error":
+            graded.notes.append(f"the grading process failed: {event.get('error')}")
     setup_failed = [c for c in graded.cells.values() if c.kind == "setup" and not c.ok]
     for cell in setup_failed:
         graded.notes.append(f"setup cell {cell.id} failed while grading: {cell.error or cell.cut}")
@@ -487,7 +502,13 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
         elif answer is not None and answer.error and "NotImplementedError" not in answer.error:
             tg.feedback.append(f"  [FAIL] your answer cell raised {answer.error}")
         result = results.get(task_id)
-        if f"task:{task_id}" in cuts:
+        if task_id in broken:
+            tg.status, tg.tampered = "tampered", f"grading results out of protocol ({broken[task_id]})"
+            tg.feedback.append(
+                f"  [FAIL] forging: the grading process reported {broken[task_id]}; the grader does not "
+                "do that by itself, so this task earns nothing, and your instructor sees this line"
+            )
+        elif f"task:{task_id}" in cuts:
             tg.status = "cut"
             tg.feedback.append(
                 f"  [FAIL] the checks of {task_id} were cut: the code under test {cuts[f'task:{task_id}']} "
@@ -498,7 +519,20 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
         else:
             tg.feedback.extend(result["lines"])
             tg.points = min(float(result["points"]), points)
-            if result.get("tampered"):
+            if result.get("refused"):
+                tg.status, tg.tampered, tg.points = "tampered", f"refused: {result['refused']}", 0.0
+                tg.feedback.append(
+                    f"  [FAIL] forging: your code asked for {result['refused']}, which grading refuses to "
+                    "learner code; this task earns nothing, and your instructor sees this line"
+                )
+            elif result.get("reference"):
+                names = ", ".join(spec.replace(":", ".") for spec in result["reference"])
+                tg.points, tg.status = 0.0, "failed"
+                tg.feedback.append(
+                    f"  [FAIL] your answer uses the course's own reference answer ({names}) instead of "
+                    "your code; this task earns nothing for it"
+                )
+            elif result.get("tampered"):
                 tg.status, tg.tampered, tg.points = "tampered", result["tampered"], 0.0
                 tg.feedback.append(
                     f"  [FAIL] tampering: your code changed the grader ({result['tampered']}); "
@@ -516,6 +550,69 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
     if run.stuck and run.stuck not in cuts:
         graded.notes.append(f"grading stopped at {run.stuck}: {run.why}")
     return graded
+
+
+def protocol_errors(job: dict, events: list[dict]) -> dict[str, str]:
+    """task id -> what was wrong with its results in ``events``, for the tasks whose results cannot count.
+
+    The runner reports, in the job's order: ``start`` and ``cell`` for each setup and answer
+    cell, ``task-start`` and then ``task`` for each test (no ``task`` for a task cut by an
+    earlier run), then ``done``. A result out of that order, a second result for a task, a
+    result for a task whose checks never started, or one after ``done`` is not the grader's
+    doing: that task, and every task reported after the first such event, earns nothing.
+    """
+    expected: list[tuple[str, str, bool]] = []  # (event, id, optional)
+    for cell in job["cells"]:
+        if cell["kind"] == "test":
+            expected.append(("task-start", cell["task"], False))
+            expected.append(("task", cell["task"], True))
+        else:
+            expected.append(("start", cell["id"], False))
+            expected.append(("cell", cell["id"], False))
+    expected.append(("done", "", False))
+    broken: dict[str, str] = {}
+    position, derailed = 0, None
+    for event in events:
+        kind = event.get("event")
+        if kind in ("forged", "error"):
+            continue
+        ident = str(event.get("id", event.get("cell", "")) if kind != "done" else "")
+        if derailed is None:
+            while position < len(expected) and expected[position][2] and expected[position][:2] != (kind, ident):
+                position += 1  # an optional result that did not come (a task cut by an earlier run)
+            if position < len(expected) and expected[position][:2] == (kind, ident):
+                position += 1
+                continue
+            if kind == "task" and any(e[:2] == ("task", ident) for e in expected[:position]):
+                derailed = f"a second result for {ident}"
+            elif kind == "task":
+                derailed = f"a result for {ident} before its checks started"
+            else:
+                derailed = f"'{kind}' for {ident or 'the run'} out of the job's order"
+        if kind in ("task", "task-start"):
+            broken.setdefault(ident, derailed)
+    if derailed is not None:  # every task not yet reported when the order broke
+        reported = {e[1] for e in expected[:position] if e[0] == "task"}
+        for cell in job["cells"]:
+            if cell["kind"] == "test" and cell["task"] not in reported:
+                broken.setdefault(cell["task"], derailed)
+    return broken
+
+
+def _flag(graded: Graded, job: dict) -> None:
+    """Mark each task whose answer cell a human should read (autograder/flags.py); the grade stands."""
+    from autograder import flags
+
+    found = flags.scan_answers(job)
+    for task in graded.tasks:
+        lines = found.get(task.id, [])
+        if lines:
+            task.flags = lines
+            task.feedback.append(
+                f"  [FLAG] your instructor will read this answer (it {lines[0].split(': ', 1)[1]}"
+                + (f", and {len(lines) - 1} more" if len(lines) > 1 else "")
+                + "); the points above are graded as usual"
+            )
 
 
 # ----------------------------------------------------------------------------- host paths
@@ -569,20 +666,135 @@ def _scrub_graded(graded: Graded) -> None:
 # ----------------------------------------------------------------------------- cache
 
 
+#: Bumped when what a cache entry means changes; part of every entry's key.
+GRADER_VERSION = "2"
+
+
+def grader_state_dir() -> Path:
+    """The grading account's own folder for the grader's state: ``COURSE_GRADER_STATE``, or
+    ``$XDG_STATE_HOME/resilient-course/grader`` (``~/.local/state/...``), made private.
+
+    Never a shared, predictable path such as one under ``/tmp``: a folder another account
+    made first could hold a planted grade.
+    """
+    configured = os.environ.get("COURSE_GRADER_STATE")
+    if configured:
+        path = Path(configured).expanduser()
+    else:
+        base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        path = Path(base) / "resilient-course" / "grader"
+    return private_dir(path)
+
+
+def private_dir(path: Path) -> Path:
+    """``path``, created mode 700 if missing; :class:`GradingError` when it is not this account's alone."""
+    import pwd
+    import stat
+
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+    info = os.lstat(path)
+    me = os.geteuid()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise GradingError(f"the grader's state folder {path} is not a folder of its own (a link or a file): remove it")
+    if info.st_uid != me:
+        try:
+            owner = pwd.getpwuid(info.st_uid).pw_name
+        except KeyError:
+            owner = f"uid {info.st_uid}"
+        raise GradingError(
+            f"the grader's state folder {path} belongs to {owner}, not to this account: grades kept there "
+            "could have been written by someone else. Remove it, or set COURSE_GRADER_STATE to a folder of yours"
+        )
+    if info.st_mode & 0o077:
+        raise GradingError(
+            f"the grader's state folder {path} is open to other accounts (mode {stat.S_IMODE(info.st_mode):o}): "
+            f"run `chmod 700 {path}` (after checking what is in it), or set COURSE_GRADER_STATE to a private folder"
+        )
+    return path
+
+
+def _secret(folder: Path) -> bytes:
+    """The key that authenticates cache entries in ``folder`` (made on first use, readable by this account only)."""
+    path = private_dir(folder) / "cache.key"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "wb") as out:
+            out.write(secrets.token_bytes(32))
+    info = os.lstat(path)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077 or not os.path.isfile(path) or os.path.islink(path):
+        raise GradingError(f"the grader's cache key {path} is not this account's alone: remove it")
+    key = path.read_bytes()
+    if len(key) < 32:
+        raise GradingError(f"the grader's cache key {path} is damaged: remove it")
+    return key
+
+
+def _entry_mac(secret: bytes, key: str, graded: dict) -> str:
+    import hmac
+
+    text = key + "\n" + json.dumps(graded, sort_keys=True)
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
+
+def cache_key(job: dict) -> str:
+    """The job's :func:`job_key` bound to the grader's version: the exact answers, the checks' code, the grader."""
+    return hashlib.sha256(f"{GRADER_VERSION}:{job_key(job)}".encode()).hexdigest()
+
+
+def read_cached(cache: Path, key: str) -> Graded | None:
+    """The grade stored under ``key``, or None when there is none or it is not authentic."""
+    import hmac
+
+    path = Path(cache) / f"{key}.json"
+    if not path.is_file():
+        return None
+    secret = _secret(Path(cache).parent)
+    try:
+        entry = json.loads(path.read_text())
+        good = _entry_mac(secret, key, entry["graded"])
+        if entry.get("key") != key or not hmac.compare_digest(good, str(entry.get("mac", ""))):
+            return None
+        return Graded.from_json(entry["graded"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def write_cached(cache: Path, key: str, graded: Graded) -> None:
+    secret = _secret(Path(cache).parent)
+    data = graded.to_json()
+    entry = {"key": key, "version": GRADER_VERSION, "graded": data, "mac": _entry_mac(secret, key, data)}
+    path = Path(cache) / f"{key}.json"
+    partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(entry))
+    os.replace(partial, path)  # atomic: a reader never sees half a file
+
+
 def cached_grade(cache: Path | None, chapter: str, trusted: list[dict], submission: dict, **kwargs) -> Graded:
-    """:func:`grade`, remembered in ``cache`` by :func:`job_key` (the class command fills it)."""
+    """:func:`grade`, remembered in ``cache`` (the class command fills it, nbgrader's autograde reads it).
+
+    ``cache`` and its parent must be this account's alone (:func:`private_dir`); every entry
+    is bound to the exact answers, the checks' code and the grader's version, and carries an
+    HMAC under a key kept beside it, so a file someone else put there is graded again,
+    never read as a grade.
+    """
     if cache is None:
         return grade(chapter, trusted, submission, **kwargs)
-    key = job_key(build_job(chapter, trusted, submission))
-    path = Path(cache) / f"{key}.json"
-    if path.exists():
-        try:
-            return Graded.from_json(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)
+    cache = Path(cache)
+    private_dir(cache.parent)
+    private_dir(cache)
+    key = cache_key(build_job(chapter, trusted, submission))
+    found = read_cached(cache, key)
+    if found is not None:
+        return found
     graded = grade(chapter, trusted, submission, **kwargs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(graded.to_json()))
-    os.replace(partial, path)  # atomic: a reader never sees half a file
+    write_cached(cache, key, graded)
     return graded

@@ -148,6 +148,7 @@ class Guard:
     def __init__(self, protected_fds=()) -> None:
         self.active = False  # learner code has started
         self.learner_files: set[str] = set()
+        self.cell_of: dict[str, str] = {}  # learner file name -> "cell:<id>"
         self.protected_fds = set(protected_fds)
         self.scope: str | None = None  # "cell:<id>" or "task:<id>": what runs now
         self.refused: dict[str, list[str]] = {}  # scope -> what was refused there
@@ -171,8 +172,9 @@ class Guard:
 
     # ------------------------------------------------------------------ learner code
 
-    def add_learner_code(self, code: types.CodeType) -> None:
-        self.learner_files.add(code.co_filename)
+    def add_learner_cell(self, filename: str, cell_id: str) -> None:
+        self.learner_files.add(filename)
+        self.cell_of[filename] = f"cell:{cell_id}"
 
     def is_learner(self, code) -> bool:
         return code is not None and code.co_filename in self.learner_files
@@ -187,9 +189,18 @@ class Guard:
     # ------------------------------------------------------------------ the hook
 
     def refuse(self, what: str) -> None:
-        self.refused.setdefault(self.scope or "?", [])
-        if what not in self.refused[self.scope or "?"]:
-            self.refused[self.scope or "?"].append(what)
+        """Record ``what`` against the answer cell whose code asked (or what runs now) and raise."""
+        scope = self.scope or "?"
+        frame = self._getframe(1)
+        while frame is not None:  # a finalizer or callback defined in a cell counts against that cell
+            owner = self.cell_of.get(frame.f_code.co_filename)
+            if owner is not None:
+                scope = owner
+                break
+            frame = frame.f_back
+        found = self.refused.setdefault(scope, [])
+        if what not in found:
+            found.append(what)
         raise Refused(f"refused while grading: {what}")
 
     def hook(self, event: str, args: tuple) -> None:

@@ -109,6 +109,28 @@ def forget_ungraded(resources: dict) -> None:
         pass
 
 
+#: How a flagged answer starts in nbgrader's log (``course grade`` lists flagged submissions too).
+FLAGGED = "flagged for a human:"
+
+
+def flag_submission(resources: dict, lines: list[str]) -> bool:
+    """Mark the submitted notebook ``flagged`` in nbgrader's gradebook (formgrader shows the flag).
+
+    A flag is only ever set here, never cleared: an instructor's own flag stays.
+    """
+    from nbgrader.api import Gradebook
+
+    info = resources.get("nbgrader") or {}
+    try:
+        with Gradebook(info["db_url"]) as gb:
+            notebook = gb.find_submission_notebook(info["notebook"], info["assignment"], info["student"])
+            notebook.flagged = True
+            gb.db.commit()
+        return True
+    except (KeyError, MissingEntry):
+        return False
+
+
 class GradeInSandbox(NbGraderPreprocessor):
     """Grade the notebook with :func:`autograder.grading.grade` instead of executing it."""
 
@@ -134,6 +156,10 @@ class GradeInSandbox(NbGraderPreprocessor):
             raise
         for task in graded.tampered:
             self.log.warning("tampering in %s: %s", task.id, task.tampered)
+        if graded.flagged:
+            flag_submission(resources, graded.flagged)
+            for line in graded.flagged:
+                self.log.warning("%s %s", FLAGGED, line)
         for note in graded.notes:
             self.log.warning("%s", note)
         return write_outputs(nb, graded), resources

@@ -273,6 +273,9 @@ def _grade_in_thread(job: dict, tasks: dict, references: dict, shield, put) -> N
 def _grade(job: dict, tasks: dict, references: dict, shield, emit) -> None:
     from autograder import guard, harness, integrity
 
+    import gc
+
+    collect = gc.collect
     run_task = harness.run_task
     snapshot_cls = integrity.Snapshot
     summarize = integrity.summary
@@ -306,6 +309,7 @@ def _grade(job: dict, tasks: dict, references: dict, shield, emit) -> None:
         used = reference_use(tasks[task_id], namespace, task_refs, sources.get(task_id, "")) if task_refs else []
         with watch_cls(shield, task_refs) as watch:
             result = run_task(tasks[task_id], namespace)
+            collect()  # learner finalizers run here, at a fixed point, not at a random later one
         for spec in watch.hits:
             if spec not in used:
                 used.append(spec)
@@ -314,6 +318,7 @@ def _grade(job: dict, tasks: dict, references: dict, shield, emit) -> None:
             snapshot.restore()
             tampered.setdefault(task_id, summarize(changed))
         note_refusals(f"task:{task_id}", task_id)
+        note_refusals(f"cell:{task_id}", task_id)  # its cell's code, run by the checks or a finalizer
         verdict = {
             "event": "task",
             "id": task_id,
@@ -348,7 +353,7 @@ def _grade(job: dict, tasks: dict, references: dict, shield, emit) -> None:
         failure = None
         started = time.perf_counter()
         if kind == "answer":
-            shield.learner_files.add(filename)
+            shield.add_learner_cell(filename, cell_id)
             shield.scope = f"cell:{cell_id}"
             shield.active = True  # from the first answer cell on, for good
         try:

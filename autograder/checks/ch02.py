@@ -557,3 +557,12 @@ async def _check_bulkhead(r: Report, Bulkhead, spawn: Spawned) -> None:
         f"{dep.max_running} at once; expected 3, 3, 1",
     )
     await _cleanup(a, b, c, d, e)
+
+
+#: The course's own reference implementation of each task (issue 26): while a task is graded,
+#: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
+#: themselves may still use them as rigs.
+REFERENCES: dict[str, list[str]] = {
+    "circuit_breaker": ["course.breaker:CircuitBreaker"],
+    "bulkhead": ["course.bulkhead:Bulkhead"],
+}

@@ -577,3 +577,12 @@ async def _check_consume(r: Report, consume, pool, watcher, ns) -> None:
         else f"distinct events delivered at once credited {delta} per account, expected {want}: an update was lost "
         "or doubled (credit with balance_cents = balance_cents + amount, in one statement)",
     )
+
+
+#: The course's own reference implementation of each task (issue 26): while a task is graded,
+#: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
+#: themselves may still use them as rigs.
+REFERENCES: dict[str, list[str]] = {
+    "create_order": ["course.idempotency:create_order"],
+    "consume_payment_event": ["course.idempotency:consume_payment_event"],
+}

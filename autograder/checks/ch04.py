@@ -546,3 +546,12 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
         f"after the cached miss expired the lookup returned {late!r}, expected {expected} "
         "(is a miss remembered outside Redis?)",
     )
+
+
+#: The course's own reference implementation of each task (issue 26): while a task is graded,
+#: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
+#: themselves may still use them as rigs.
+REFERENCES: dict[str, list[str]] = {
+    "get_cached": ["course.caching:get_with_lock"],
+    "get_user_cached": ["course.caching:CacheAside"],
+}

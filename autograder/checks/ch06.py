@@ -675,3 +675,12 @@ async def _unpublished(pool) -> int:
 async def _mark_all_published(pool) -> None:
     async with pool.connection() as conn:
         await conn.execute("UPDATE outbox SET published_at = now() WHERE published_at IS NULL")
+
+
+#: The course's own reference implementation of each task (issue 26): while a task is graded,
+#: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
+#: themselves may still use them as rigs.
+REFERENCES: dict[str, list[str]] = {
+    "order_saga": ["course.saga:Orchestrator"],
+    "outbox_relay": ["course.outbox:relay_batch"],
+}

@@ -667,3 +667,13 @@ async def _check_search(r: Report, index_event, search_docs, pool, ns) -> None:
         f"{len(deliveries)} shuffled deliveries of 15 documents: {at3} of {total} at v3"
         + (f", errors: {tally(errors)}" if errors else ""),
     )
+
+
+#: The course's own reference implementation of each task (issue 26): while a task is graded,
+#: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
+#: themselves may still use them as rigs.
+REFERENCES: dict[str, list[str]] = {
+    "append_events": ["course.eventstore:append"],
+    "account_projection": ["course.projections:apply_events", "course.projections:rebuild_balances"],
+    "search_indexer": ["course.search:index_event", "course.search:search"],
+}

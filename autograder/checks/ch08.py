@@ -519,3 +519,12 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
         f"{abs(SKEW):g} s between them moved entries out of the window. Without now=, read the time inside the "
         "script with redis.call('TIME')",
     )
+
+
+#: The course's own reference implementation of each task (issue 26): while a task is graded,
+#: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
+#: themselves may still use them as rigs.
+REFERENCES: dict[str, list[str]] = {
+    "token_bucket": ["course.ratelimit:token_bucket"],
+    "sliding_window": ["course.ratelimit:sliding_window"],
+}

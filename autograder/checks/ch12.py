@@ -637,3 +637,13 @@ async def _check_resolve(r: Report, resolve, redis, cache: _Switch, pool, db: _S
     r.expect(
         raised, f"both down: {outcome}", f"with Redis and PostgreSQL both down resolve {outcome}; expected an error"
     )
+
+
+#: The course's own reference implementation of each task (issue 26): while a task is graded,
+#: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
+#: themselves may still use them as rigs.
+REFERENCES: dict[str, list[str]] = {
+    "encode_code": ["course.shortener:encode_code", "course.shortener:decode_code"],
+    "create_link": ["course.shortener:create_link"],
+    "resolve": ["course.shortener:resolve"],
+}

@@ -643,3 +643,13 @@ async def check_retry_test(r: Report, test) -> None:
         f"{len(caught)}/{len(MUTANTS)} wrong versions caught"
         + (f"; got through: {', '.join(missed)}" if missed else "")
     )
+
+
+#: The course's own reference implementation of each task (issue 26): while a task is graded,
+#: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
+#: themselves may still use them as rigs.
+REFERENCES: dict[str, list[str]] = {
+    "is_retryable": ["course.retry:is_retryable"],
+    "with_retry": ["course.retry:with_retry"],
+    "retry_test": [],
+}

@@ -20,3 +20,14 @@ how the verdicts stay deterministic while the concurrency is real:
 
 # Imported in the order the chapter's tasks are reported in.
 from autograder.checks.ch13 import merge, reads, rebuild, record  # noqa: F401, E402
+
+
+#: The course's own reference implementation of each task (issue 26): while a task is graded,
+#: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
+#: themselves may still use them as rigs.
+REFERENCES: dict[str, list[str]] = {
+    "record_score": ["course.leaderboard:record"],
+    "top_and_rank": ["course.leaderboard:top_and_rank"],
+    "rebuild_board": ["course.leaderboard:rebuild"],
+    "merge_top": ["course.leaderboard:merge_top"],
+}
