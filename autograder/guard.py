@@ -98,6 +98,10 @@ SAFE_SITES = [
     ("asyncio.futures", "Future.__init__", None),
     ("asyncio.format_helpers", "extract_stack", None),
     ("course.kit.notebook", "_stub_function", None),
+    ("typing_extensions", "_caller", None),
+    ("typing_extensions", "_has_generic_or_protocol_as_origin", None),
+    ("attr._make", "make_class", None),
+    ("anyio.abc._tasks", "get_coro_name", None),
 ]
 
 _PROC = re.compile(r"^/(proc/(self|thread-self|\d+)/(mem|fd(/|$)|task/\d+/mem|map_files)|dev/fd(/|$))")
@@ -154,17 +158,20 @@ class Guard:
         self.refused: dict[str, list[str]] = {}  # scope -> what was refused there
         self.trusted: set[types.CodeType] = set()  # the guard's and the runner's own call sites
         self.safe: dict[types.CodeType, frozenset | None] = {}
+        self.frame_code: set[types.CodeType] = set()  # the safe sites and the parents they trust
         self._busy: set[int] = set()
         self._get_ident = threading.get_ident
         self._getframe = sys._getframe
         self._pid = os.getpid()
-        self.profiler = None  # set by :class:`ReferenceWatch`
+        self.profiler = None  # a profiler of the grader's own, if it ever needs one
         for module, qualname, parents in SAFE_SITES:
             wanted = None
             if parents is not None:
                 wanted = frozenset(code for p in parents for code in _site_codes(module, p))
             for code in _site_codes(module, qualname):
                 self.safe[code] = wanted
+            self.frame_code.update(wanted or ())
+        self.frame_code.update(self.safe)
         self.trusted.update(_codes_of(sys.modules[__name__]))
         harness = sys.modules.get("autograder.harness")
         if harness is not None:
@@ -234,6 +241,8 @@ class Guard:
                 if parents is None or (back is not None and back.f_code in parents):
                     return
             what = "sys._getframe (the grader's frames)" if event == "sys._getframe" else f".{args[1]} (a frame)"
+            if code is not None and not self.is_learner(code):
+                what += f", asked by {os.path.basename(code.co_filename)}:{getattr(code, 'co_qualname', code.co_name)}"
             self.refuse(what)
         if event in ALWAYS:
             self.refuse(ALWAYS[event])
@@ -261,7 +270,7 @@ class Guard:
                 path = path.decode(errors="replace")
             if isinstance(path, str) and _PROC.match(os.path.normpath(path) if path.startswith("/") else path):
                 self.refuse(f"opening {path} (the grading process's memory or descriptors)")
-        if event == "function.__new__" and (args[0] in self.safe or args[0] in self.trusted):
+        if event == "function.__new__" and (args[0] in self.frame_code or args[0] in self.trusted):
             self.refuse("a function built around the grader's or the standard library's frame-reading code")
         if event == "code.__new__" and self.is_learner(code):
             self.refuse("building a code object (code.replace / types.CodeType)")
@@ -379,54 +388,79 @@ def unwrap_all(value, _depth: int = 0):
     return seen
 
 
+#: The name a trampoline looks up in the reference's module while its task is graded.
+TRAP = "__course_reference_trap__"
+
+
+def _trampoline(fn: types.FunctionType, index: int) -> types.CodeType | None:
+    """Code with ``fn``'s free variables that hands every call to :data:`TRAP` (None if none fits)."""
+    import inspect
+
+    free = fn.__code__.co_freevars
+    define = "".join(f"    {name} = None\n" for name in free)
+    touch = "".join(f"        {name}\n" for name in free)
+    if inspect.iscoroutinefunction(fn):
+        body = f"    async def {fn.__name__}(*_course_a, **_course_k):\n{touch}        return await {TRAP}({index}, _course_a, _course_k)\n"
+    else:
+        body = f"    def {fn.__name__}(*_course_a, **_course_k):\n{touch}        return {TRAP}({index}, _course_a, _course_k)\n"
+    source = f"def _outer():\n{define}{body}    return {fn.__name__}\n"
+    namespace: dict = {}
+    exec(compile(source, fn.__code__.co_filename, "exec"), namespace)  # noqa: S102 - our own template
+    code = namespace["_outer"]().__code__.replace(co_name=fn.__code__.co_name, co_qualname=fn.__code__.co_qualname)
+    return code if code.co_freevars == free else None
+
+
 class ReferenceWatch:
     """Calls into the course's reference answers of one task, made from learner code.
 
-    Installed for the length of that task's checks through ``threading.setprofile`` (every
-    thread the checks start, the check thread itself included); a call counts when the frame
-    that called the reference runs learner code (a wrapper, a re-export called from a helper,
-    a method delegating to the course's class). The checks' own calls into the same code do
-    not count.
+    For the length of that task's checks, each reference function (a class's ``__init__``)
+    runs a trampoline that looks at its caller and then calls the real code: a call counts
+    when the calling frame runs learner code (a wrapper, a helper holding the reference in a
+    dict, a class delegating to the course's class). The checks' own calls into the same code
+    do not count. Nothing else is slowed down; the code is put back before the grader's
+    integrity comparison.
     """
 
     def __init__(self, guard: Guard, references: dict[str, object]) -> None:
         self.guard = guard
-        self.codes: dict[types.CodeType, str] = {}
+        self.targets: list[tuple[types.FunctionType, str]] = []
         for spec, obj in references.items():
-            target = obj
-            if isinstance(target, type):
-                for member in vars(target).values():
-                    member = getattr(member, "__func__", member)
-                    if isinstance(member, property):
-                        member = member.fget
-                    if isinstance(member, types.FunctionType):
-                        for code in _codes_of(member):
-                            self.codes[code] = spec
-            elif isinstance(target, types.FunctionType):
-                self.codes[target.__code__] = spec
+            if isinstance(obj, type):
+                init = vars(obj).get("__init__")
+                if isinstance(init, types.FunctionType):
+                    self.targets.append((init, spec))
+            elif isinstance(obj, types.FunctionType):
+                self.targets.append((obj, spec))
         self.hits: list[str] = []
+        self._copies: dict[int, tuple[types.FunctionType, str]] = {}
+        self._saved: list[tuple[types.FunctionType, types.CodeType]] = []
+        self._getframe = sys._getframe
 
-    def _profile(self, frame, event, arg):  # noqa: ARG002
-        if event != "call":
-            return
-        spec = self.codes.get(frame.f_code)
-        if spec is None:
-            return
-        back = frame.f_back
-        if back is not None and back.f_code.co_filename in self.guard.learner_files and spec not in self.hits:
+    def _trap(self, index: int, args: tuple, kwargs: dict):
+        real, spec = self._copies[index]
+        caller = self._getframe(2)  # 0: here, 1: the trampoline, 2: whoever called the reference
+        if caller is not None and caller.f_code.co_filename in self.guard.learner_files and spec not in self.hits:
             self.hits.append(spec)
+        return real(*args, **kwargs)
 
     def __enter__(self) -> ReferenceWatch:
-        if self.codes:
-            self.guard.profiler = self._profile
-            self.guard.trusted.add(ReferenceWatch.__enter__.__code__)
-            threading.setprofile(self._profile)
+        for index, (fn, spec) in enumerate(self.targets):
+            code = _trampoline(fn, index)
+            if code is None:
+                continue
+            real = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+            real.__kwdefaults__ = fn.__kwdefaults__
+            self._copies[index] = (real, spec)
+            self._saved.append((fn, fn.__code__))
+            fn.__globals__[TRAP] = self._trap
+            fn.__code__ = code
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.codes:
-            threading.setprofile(None)
-            self.guard.profiler = None
+        for fn, code in self._saved:
+            fn.__code__ = code
+            fn.__globals__.pop(TRAP, None)
+        self._saved.clear()
 
 
 # ----------------------------------------------------------------------------- timeouts
