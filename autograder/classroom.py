@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import grading
+from autograder import gradecache, grading
 
 
 @dataclass
@@ -110,7 +110,7 @@ def cache_dir(root: Path, assignment: str, shared: Path | None = None) -> Path:
     if shared is not None:
         return Path(shared).resolve() / assignment
     tag = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
-    return grading.grader_state_dir() / "grade-cache" / f"{assignment}-{tag}"
+    return gradecache.grader_state_dir() / "grade-cache" / f"{assignment}-{tag}"
 
 
 def _db_path(root: Path) -> Path | None:
@@ -188,7 +188,7 @@ def grade_all(
 
     def one(student: str) -> tuple[str, grading.Graded]:
         nb = json.loads(found[student].read_text(encoding="utf-8"))
-        return student, grading.cached_grade(cache, assignment, trusted, nb, sandbox=sandbox)
+        return student, gradecache.cached_grade(cache, assignment, trusted, nb, sandbox=sandbox)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(one, s): s for s in found}

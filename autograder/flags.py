@@ -190,7 +190,11 @@ class _Scan(ast.NodeVisitor):
             elif func.id == "vars" and not node.args:
                 self.add(node, "calls vars() (the namespace as a dict)")
         elif isinstance(func, ast.Attribute) and func.attr in ("open", "read_text", "read_bytes", "write_text"):
-            if isinstance(func.value, ast.Call) and isinstance(func.value.func, ast.Name) and func.value.func.id == "Path":
+            if (
+                isinstance(func.value, ast.Call)
+                and isinstance(func.value.func, ast.Name)
+                and func.value.func.id == "Path"
+            ):
                 if func.value.args:
                     self._path(node, func.value.args[0])
         self.generic_visit(node)

@@ -81,8 +81,16 @@ SAFE_SITES = [
     ("traceback", "extract_stack", None),
     ("traceback", "clear_frames", None),
     ("traceback", "_compute_suggestion_error", None),
-    ("traceback", "walk_tb", ("StackSummary.extract.<locals>.extended_frame_gen", "StackSummary._extract_from_extended_frame_gen")),
-    ("traceback", "walk_stack", ("StackSummary.extract.<locals>.extended_frame_gen", "StackSummary._extract_from_extended_frame_gen")),
+    (
+        "traceback",
+        "walk_tb",
+        ("StackSummary.extract.<locals>.extended_frame_gen", "StackSummary._extract_from_extended_frame_gen"),
+    ),
+    (
+        "traceback",
+        "walk_stack",
+        ("StackSummary.extract.<locals>.extended_frame_gen", "StackSummary._extract_from_extended_frame_gen"),
+    ),
     ("traceback", "_walk_tb_with_full_positions", ("StackSummary._extract_from_extended_frame_gen",)),
     ("inspect", "getfile", None),
     ("inspect", "findsource", None),
@@ -250,7 +258,11 @@ class Guard:
             hook_attr = "_profile_hook" if event == "sys.setprofile" else "_trace_hook"
             threading_mod = sys.modules.get("threading")
             own = self.profiler if event == "sys.setprofile" else None
-            if code is not None and code.co_qualname == "Thread._bootstrap_inner" and code.co_filename == threading.__file__:
+            if (
+                code is not None
+                and code.co_qualname == "Thread._bootstrap_inner"
+                and code.co_filename == threading.__file__
+            ):
                 if getattr(threading_mod, hook_attr, None) in (None, own):
                     return
             self.refuse(f"{event} (a tracer receives the grader's frames)")

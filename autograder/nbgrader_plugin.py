@@ -34,7 +34,7 @@ from nbgrader.api import MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor, OverwriteCells
 from traitlets import Unicode
 
-from autograder import grading, settings
+from autograder import gradecache, grading, settings
 
 
 def _stream(text: str) -> NotebookNode:
@@ -150,7 +150,9 @@ class GradeInSandbox(NbGraderPreprocessor):
             )
         cache = os.environ.get("COURSE_GRADE_CACHE")
         try:
-            graded = grading.cached_grade(Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox)
+            graded = gradecache.cached_grade(
+                Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox
+            )
         except grading.GradingError:
             forget_ungraded(resources)
             raise

@@ -271,9 +271,9 @@ def _grade_in_thread(job: dict, tasks: dict, references: dict, shield, put) -> N
 
 
 def _grade(job: dict, tasks: dict, references: dict, shield, emit) -> None:
-    from autograder import guard, harness, integrity
-
     import gc
+
+    from autograder import guard, harness, integrity
 
     collect = gc.collect
     run_task = harness.run_task

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import flags, grading, settings
+from autograder import flags, gradecache, grading, settings
 from tests.helpers import notebook_with_answers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,12 +81,18 @@ ATTEMPTS = {
         "sys._getframe",
     ),
     "logging's frame helper called directly": ("import logging\n_forge(logging.currentframe())\n", "sys._getframe"),
-    "traceback.walk_stack": ("import traceback\nfor f, _ in traceback.walk_stack(None):\n    _forge(f)\n", "sys._getframe"),
+    "traceback.walk_stack": (
+        "import traceback\nfor f, _ in traceback.walk_stack(None):\n    _forge(f)\n",
+        "sys._getframe",
+    ),
     "a signal handler (it receives the interrupted frame)": (
         "import signal\nsignal.signal(signal.SIGALRM, lambda s, f: _forge(f))\nsignal.setitimer(signal.ITIMER_REAL, 0.01)\n",
         "signal.signal",
     ),
-    "a profiler (it receives every frame)": ("import sys\nsys.setprofile(lambda f, e, a: _forge(f))\n", "sys.setprofile"),
+    "a profiler (it receives every frame)": (
+        "import sys\nsys.setprofile(lambda f, e, a: _forge(f))\n",
+        "sys.setprofile",
+    ),
     "a tracer through threading": (
         "import threading\nthreading.settrace(lambda f, e, a: _forge(f))\n_t = threading.Thread(target=print)\n_t.start()\n_t.join()\n",
         "sys.settrace",
@@ -198,8 +204,10 @@ def test_writing_to_the_results_descriptor_then_exiting_earns_nothing():
 @pytest.mark.slow
 def test_rebinding_a_registered_check_changes_nothing():
     """The runner grades with its own copies of the tasks, taken before learner code runs."""
-    task = _grade00("from autograder import harness\nharness.REGISTRY['count_visit'].check = lambda r, f: None\n"
-                    "async def count_visit(redis, pool, page):\n    return 1\n")
+    task = _grade00(
+        "from autograder import harness\nharness.REGISTRY['count_visit'].check = lambda r, f: None\n"
+        "async def count_visit(redis, pool, page):\n    return 1\n"
+    )
     assert task.points == 0 and "lost updates" in task.text(), task.text()
     assert task.flags and "autograder" in task.flags[0], task.flags
 
@@ -244,7 +252,9 @@ def test_a_later_chapter_that_imports_an_earlier_pattern_keeps_its_points():
     """Chapter 12's resolve drives the course's CircuitBreaker (chapter 02's reference): that is no copying."""
     nb = json.loads((REPO / "solutions" / "12_url_shortener" / "12_url_shortener.ipynb").read_text())
     answer = next(
-        "".join(c["source"]) for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "resolve"
+        "".join(c["source"])
+        for c in nb["cells"]
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "resolve"
     )
     task = _grade_one("12_url_shortener", "resolve", answer)
     assert task.passed, task.text()
@@ -273,8 +283,19 @@ def _events(*items: tuple) -> list[dict]:
     return out
 
 
-HONEST = [("start", "s"), ("cell", "s"), ("start", "a"), ("cell", "a"), ("task-start", "a"), ("task", "a"),
-          ("start", "b"), ("cell", "b"), ("task-start", "b"), ("task", "b"), ("done", "")]
+HONEST = [
+    ("start", "s"),
+    ("cell", "s"),
+    ("start", "a"),
+    ("cell", "a"),
+    ("task-start", "a"),
+    ("task", "a"),
+    ("start", "b"),
+    ("cell", "b"),
+    ("task-start", "b"),
+    ("task", "b"),
+    ("done", ""),
+]
 
 
 def test_results_in_the_jobs_order_are_accepted():
@@ -312,16 +333,16 @@ def test_a_planted_cache_entry_is_never_read_as_a_grade(tmp_path, monkeypatch):
     nb = json.loads((REPO / "notebooks" / CH00 / f"{CH00}.ipynb").read_text())
     trusted = grading.read_manifest(CH00)
     cache = tmp_path / "state" / "grade-cache"
-    key = grading.cache_key(grading.build_job(CH00, trusted, nb))
-    grading.private_dir(cache.parent)
-    grading.private_dir(cache)
+    key = gradecache.cache_key(grading.build_job(CH00, trusted, nb))
+    gradecache.private_dir(cache.parent)
+    gradecache.private_dir(cache)
     (cache / f"{key}.json").write_text(json.dumps({"key": key, "graded": _graded(15.0).to_json(), "mac": "0" * 64}))
-    assert grading.cached_grade(cache, CH00, trusted, nb).score == 0 and calls == [1]
-    assert grading.cached_grade(cache, CH00, trusted, nb).score == 0 and calls == [1], "the real entry is reused"
+    assert gradecache.cached_grade(cache, CH00, trusted, nb).score == 0 and calls == [1]
+    assert gradecache.cached_grade(cache, CH00, trusted, nb).score == 0 and calls == [1], "the real entry is reused"
     entry = json.loads((cache / f"{key}.json").read_text())
     entry["graded"]["tasks"][0]["points"] = 2.0  # edited by hand: the HMAC no longer matches
     (cache / f"{key}.json").write_text(json.dumps(entry))
-    assert grading.cached_grade(cache, CH00, trusted, nb).score == 0 and calls == [1, 1]
+    assert gradecache.cached_grade(cache, CH00, trusted, nb).score == 0 and calls == [1, 1]
     assert oct(os.stat(cache).st_mode & 0o777) == "0o700"
     assert oct(os.stat(cache / f"{key}.json").st_mode & 0o777) == "0o600"
 
@@ -331,7 +352,7 @@ def test_a_state_folder_open_to_others_is_refused(tmp_path):
     folder.mkdir()
     folder.chmod(0o777)
     with pytest.raises(grading.GradingError, match="open to other accounts"):
-        grading.private_dir(folder)
+        gradecache.private_dir(folder)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder of another account")
@@ -340,13 +361,13 @@ def test_a_state_folder_of_another_account_is_refused(tmp_path):
     folder.mkdir(mode=0o700)
     os.chown(folder, 65534, 65534)
     with pytest.raises(grading.GradingError, match="belongs to"):
-        grading.private_dir(folder)
+        gradecache.private_dir(folder)
 
 
 def test_the_state_folder_is_the_grading_accounts_own(tmp_path, monkeypatch):
     monkeypatch.delenv("COURSE_GRADER_STATE", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    path = grading.grader_state_dir()
+    path = gradecache.grader_state_dir()
     assert path == tmp_path / "xdg" / "resilient-course" / "grader"
     assert os.stat(path).st_mode & 0o777 == 0o700 and not str(path).startswith("/tmp/resilient-course")
 
@@ -371,7 +392,11 @@ def _accepted_sources() -> list[tuple[str, str]]:
         tree = ast.parse(path.read_text())
         constants = {}
         for node in tree.body:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
                 for target in node.targets:
                     if isinstance(target, ast.Name):
                         constants[target.id] = node.value.value
@@ -454,7 +479,10 @@ def test_forgers_and_flagged_answers_through_course_grade_and_nbgrader(tmp_path,
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     subprocess.run(
         [sys.executable, "-m", "nbgrader", "generate_assignment", CH00, "--force"],
-        cwd=root, env=env, check=True, capture_output=True,
+        cwd=root,
+        env=env,
+        check=True,
+        capture_output=True,
     )
     answers = {
         "forger": GOOD + FORGE + "import sys\ntry:\n    _forge(sys._getframe())\nexcept PermissionError:\n    pass\n",

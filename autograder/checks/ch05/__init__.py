@@ -17,7 +17,6 @@ transaction rolls back. A second replica (the learner's answer cell run again) t
 # The consumer's task registers first, then the replay's: the order selfcheck reports them in.
 from autograder.checks.ch05 import consumer, replay  # noqa: F401, E402
 
-
 #: The course's own reference implementation of each task (issue 26): while a task is graded,
 #: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
 #: themselves may still use them as rigs.

@@ -21,7 +21,6 @@ how the verdicts stay deterministic while the concurrency is real:
 # Imported in the order the chapter's tasks are reported in.
 from autograder.checks.ch13 import merge, reads, rebuild, record  # noqa: F401, E402
 
-
 #: The course's own reference implementation of each task (issue 26): while a task is graded,
 #: a learner's answer that is, wraps or calls one of these earns nothing for it. The checks
 #: themselves may still use them as rigs.
