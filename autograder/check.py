@@ -52,7 +52,6 @@ class CheckResult:
             "score": self.score,
             "max_score": self.max_score,
             "tasks": [asdict(t) for t in self.tasks],
-            "flagged": self.flagged,
         }
 
 

@@ -164,7 +164,7 @@ def test_the_issues_frame_walk_earns_nothing_through_course_check(tmp_path):
     assert result["score"] == 0, result
     create = next(t for t in result["tasks"] if t["id"] == "create_order")
     assert "forging" in create["feedback"] and "sys._getframe" in create["feedback"], create
-    assert any("create_order" in f and "_getframe" in f for f in result["flagged"]), result["flagged"]
+    assert "[FLAG] your instructor will read this answer" in create["feedback"], create
 
 
 @pytest.mark.slow
