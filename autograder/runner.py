@@ -17,9 +17,16 @@ command alike, so they cannot disagree. The job (JSON on stdin) holds:
 
 Results go to the file descriptor ``RESULTS_FD`` (not stdout, which learner code shares),
 one JSON line per event, each signed with the job's key so that learner code writing to
-that descriptor cannot pass for the grader. Before any learner code runs the process
-snapshots the grader (:mod:`autograder.integrity`); a change found after an answer cell
-or a task's checks zeroes that task, is named in its feedback, and is undone.
+that descriptor cannot pass for the grader. The key and the signing stay in the main thread,
+which runs no learner code: cells and checks run in a worker thread ("grading") and hand
+their verdicts over a queue. Before the first answer cell the process installs the audit
+hook of :mod:`autograder.guard` (frames, gc walks, tracers, ctypes, signals, /proc/self/mem
+refused to learner code; a refusal zeroes the task and is named) and snapshots the grader
+(:mod:`autograder.integrity`); a change found after an answer cell or a task's checks zeroes
+that task, is named in its feedback, and is undone. While a task is graded, a call from
+learner code into the course's own reference answer of that task (the check module's
+``REFERENCES``) zeroes it too. Finalizers of learner objects run at a fixed point, after
+each task's checks, so what they do counts against their cell.
 """
 
 from __future__ import annotations
