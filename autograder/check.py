@@ -42,6 +42,7 @@ class CheckResult:
     notes: list[str] = field(default_factory=list)
     cell_errors: list[str] = field(default_factory=list)  # setup or answer cells that raised
     tampered: list[str] = field(default_factory=list)
+    flagged: list[str] = field(default_factory=list)  # "task: line N: what", for the instructor to read
     seconds: float = 0.0
     sandboxed: bool = False
 
@@ -127,6 +128,7 @@ def check(path: str | Path, *, sandbox: str | None = None, timeout: float = sett
         result.tasks.append(TaskResult(t.id, t.points, t.max_points, t.passed, feedback or t.status))
         if t.tampered:
             result.tampered.append(f"{t.id}: {t.tampered}")
+    result.flagged = list(graded.flagged)
     result.notes = list(graded.notes)
     for m in graded.manual:
         result.notes.append(f"{m['id']} ({m['points']:g} points) is graded by your instructor, not by course check")
@@ -148,6 +150,9 @@ def render(res: CheckResult) -> str:
     lines.extend(f"note: {n}" for n in res.notes)
     lines.extend(f"note: {e}" for e in res.cell_errors)
     lines.extend(f"tampering: {t}" for t in res.tampered)
+    if res.flagged:
+        lines.append("flagged: your instructor will read these answers by hand (the points stand as graded):")
+        lines.extend(f"    {f}" for f in res.flagged)
     where = "sandboxed" if res.sandboxed else "NOT sandboxed"
     lines.append(f"total: {res.score:g}/{res.max_score:g} ({res.seconds:.1f} s, {where})")
     return "\n".join(lines)

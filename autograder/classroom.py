@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import grading
+from autograder import gradecache, grading
 
 
 @dataclass
@@ -50,6 +50,7 @@ class Summary:
     scores: dict[str, tuple[float, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     unstamped: list[str] = field(default_factory=list)  # submissions without timestamp.txt
+    flagged: dict[str, list[str]] = field(default_factory=dict)  # student -> "task: line N: what" to read
     recorded: bool = True
 
     def text(self) -> str:
@@ -57,13 +58,16 @@ class Summary:
         done = "graded" if self.recorded else "graded into the cache (not recorded yet)"
         lines = [
             f"{self.assignment}: {len(self.graded)} {done}, {len(self.failed)} failed to run, "
-            f"{len(self.tampered)} tampered, in {total:.1f} s "
+            f"{len(self.tampered)} tampered, {len(self.flagged)} flagged, in {total:.1f} s "
             f"(grading {self.seconds.get('grade', 0):.1f} s, recording {self.seconds.get('record', 0):.1f} s)"
         ]
         for student, why in sorted(self.failed.items()):
             lines.append(f"  failed to run: {student}: {why}")
         for student, changes in sorted(self.tampered.items()):
             lines.extend(f"  tampered: {student}: {what}" for what in changes)
+        for student, what in sorted(self.flagged.items()):
+            shown = what[:3] + ([f"and {len(what) - 3} more"] if len(what) > 3 else [])
+            lines.extend(f"  flagged (read it; graded as usual): {student}: {item}" for item in shown)
         if self.unstamped:
             lines.append(f"  no timestamp.txt (the export shows no time for them): {', '.join(sorted(self.unstamped))}")
         return "\n".join(lines)
@@ -96,15 +100,17 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def cache_dir(root: Path, assignment: str, shared: Path | None = None) -> Path:
-    """Where grades wait to be recorded: ``shared/<assignment>`` or this machine's state folder."""
+    """Where grades wait to be recorded: ``shared/<assignment>`` or the grading account's own state folder.
+
+    Either way the folder and its parent must belong to the grading account and be closed
+    to others (:func:`autograder.grading.private_dir`); entries are authenticated.
+    """
     import hashlib
 
     if shared is not None:
         return Path(shared).resolve() / assignment
-    from course.kit.backends import state_dir
-
     tag = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
-    return state_dir() / "grade-cache" / f"{assignment}-{tag}"
+    return gradecache.grader_state_dir() / "grade-cache" / f"{assignment}-{tag}"
 
 
 def _db_path(root: Path) -> Path | None:
@@ -182,7 +188,7 @@ def grade_all(
 
     def one(student: str) -> tuple[str, grading.Graded]:
         nb = json.loads(found[student].read_text(encoding="utf-8"))
-        return student, grading.cached_grade(cache, assignment, trusted, nb, sandbox=sandbox)
+        return student, gradecache.cached_grade(cache, assignment, trusted, nb, sandbox=sandbox)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(one, s): s for s in found}
@@ -199,6 +205,8 @@ def grade_all(
         summary.scores[student] = (graded.score, graded.max_score)
         if graded.tampered:
             summary.tampered[student] = [f"{t.id}: {t.tampered}" for t in graded.tampered]
+        if graded.flagged:
+            summary.flagged[student] = graded.flagged
 
     if record:
         started = time.perf_counter()

@@ -124,6 +124,7 @@ class TaskGrade:
     feedback: list[str] = field(default_factory=list)
     status: str = "failed"  # passed | failed | not_done | tampered | cut
     tampered: str | None = None
+    flags: list[str] = field(default_factory=list)  # what a human should read in its answer (autograder/flags.py)
 
     @property
     def passed(self) -> bool:
@@ -164,6 +165,11 @@ class Graded:
     @property
     def tampered(self) -> list[TaskGrade]:
         return [t for t in self.tasks if t.tampered]
+
+    @property
+    def flagged(self) -> list[str]:
+        """``["create_order: line 3: uses sys._getframe (frames)", ...]``: for the instructor to read."""
+        return [f"{t.id}: {line}" for t in self.tasks for line in t.flags]
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -441,12 +447,17 @@ def grade(
     job = build_job(chapter, trusted, submission)
     cuts: dict[str, str] = {}
     run = None
+    forged = False
     for _ in range(MAX_RERUNS + 1):
         run = _run_once({**job, "skip": sorted(cuts)}, sandbox, run_timeout)
+        forged = forged or any(e["event"] == "forged" for e in run.events)
         if run.stuck is None or run.stuck in cuts:
             break
         cuts[run.stuck] = run.why
+    if forged and not any(e["event"] == "forged" for e in run.events):
+        run.events.append({"event": "forged"})  # an earlier run saw lines the grader did not sign
     graded = _assemble(chapter, trusted, job, run, cuts)
+    _flag(graded, job)
     _scrub_graded(graded)
     graded.seconds = time.perf_counter() - started
     warning = sandbox_warning(sandbox)
@@ -467,8 +478,12 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
             graded.cells[event["id"]] = cell
             if event["kind"] == "answer":
                 answer_of[event["id"]] = cell
-    results = {e["id"]: e for e in run.events if e["event"] == "task"}
+    broken = protocol_errors(job, run.events)
+    results = {e["id"]: e for e in run.events if e["event"] == "task" and e["id"] not in broken}
     forged = any(e["event"] == "forged" for e in run.events)
+    for event in run.events:
+        if event["event"] == "error":
+            graded.notes.append(f"the grading process failed: {event.get('error')}")
     setup_failed = [c for c in graded.cells.values() if c.kind == "setup" and not c.ok]
     for cell in setup_failed:
         graded.notes.append(f"setup cell {cell.id} failed while grading: {cell.error or cell.cut}")
@@ -487,7 +502,13 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
         elif answer is not None and answer.error and "NotImplementedError" not in answer.error:
             tg.feedback.append(f"  [FAIL] your answer cell raised {answer.error}")
         result = results.get(task_id)
-        if f"task:{task_id}" in cuts:
+        if task_id in broken:
+            tg.status, tg.tampered = "tampered", f"grading results out of protocol ({broken[task_id]})"
+            tg.feedback.append(
+                f"  [FAIL] forging: the grading process reported {broken[task_id]}; the grader does not "
+                "do that by itself, so this task earns nothing, and your instructor sees this line"
+            )
+        elif f"task:{task_id}" in cuts:
             tg.status = "cut"
             tg.feedback.append(
                 f"  [FAIL] the checks of {task_id} were cut: the code under test {cuts[f'task:{task_id}']} "
@@ -498,7 +519,20 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
         else:
             tg.feedback.extend(result["lines"])
             tg.points = min(float(result["points"]), points)
-            if result.get("tampered"):
+            if result.get("refused"):
+                tg.status, tg.tampered, tg.points = "tampered", f"refused: {result['refused']}", 0.0
+                tg.feedback.append(
+                    f"  [FAIL] forging: your code asked for {result['refused']}, which grading refuses to "
+                    "learner code; this task earns nothing, and your instructor sees this line"
+                )
+            elif result.get("reference"):
+                names = ", ".join(spec.replace(":", ".") for spec in result["reference"])
+                tg.points, tg.status = 0.0, "failed"
+                tg.feedback.append(
+                    f"  [FAIL] your answer uses the course's own reference answer ({names}) instead of "
+                    "your code; this task earns nothing for it"
+                )
+            elif result.get("tampered"):
                 tg.status, tg.tampered, tg.points = "tampered", result["tampered"], 0.0
                 tg.feedback.append(
                     f"  [FAIL] tampering: your code changed the grader ({result['tampered']}); "
@@ -516,6 +550,69 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
     if run.stuck and run.stuck not in cuts:
         graded.notes.append(f"grading stopped at {run.stuck}: {run.why}")
     return graded
+
+
+def protocol_errors(job: dict, events: list[dict]) -> dict[str, str]:
+    """task id -> what was wrong with its results in ``events``, for the tasks whose results cannot count.
+
+    The runner reports, in the job's order: ``start`` and ``cell`` for each setup and answer
+    cell, ``task-start`` and then ``task`` for each test (no ``task`` for a task cut by an
+    earlier run), then ``done``. A result out of that order, a second result for a task, a
+    result for a task whose checks never started, or one after ``done`` is not the grader's
+    doing: that task, and every task reported after the first such event, earns nothing.
+    """
+    expected: list[tuple[str, str, bool]] = []  # (event, id, optional)
+    for cell in job["cells"]:
+        if cell["kind"] == "test":
+            expected.append(("task-start", cell["task"], False))
+            expected.append(("task", cell["task"], True))
+        else:
+            expected.append(("start", cell["id"], False))
+            expected.append(("cell", cell["id"], False))
+    expected.append(("done", "", False))
+    broken: dict[str, str] = {}
+    position, derailed = 0, None
+    for event in events:
+        kind = event.get("event")
+        if kind in ("forged", "error"):
+            continue
+        ident = str(event.get("id", event.get("cell", "")) if kind != "done" else "")
+        if derailed is None:
+            while position < len(expected) and expected[position][2] and expected[position][:2] != (kind, ident):
+                position += 1  # an optional result that did not come (a task cut by an earlier run)
+            if position < len(expected) and expected[position][:2] == (kind, ident):
+                position += 1
+                continue
+            if kind == "task" and any(e[:2] == ("task", ident) for e in expected[:position]):
+                derailed = f"a second result for {ident}"
+            elif kind == "task":
+                derailed = f"a result for {ident} before its checks started"
+            else:
+                derailed = f"'{kind}' for {ident or 'the run'} out of the job's order"
+        if kind in ("task", "task-start"):
+            broken.setdefault(ident, derailed)
+    if derailed is not None:  # every task not yet reported when the order broke
+        reported = {e[1] for e in expected[:position] if e[0] == "task"}
+        for cell in job["cells"]:
+            if cell["kind"] == "test" and cell["task"] not in reported:
+                broken.setdefault(cell["task"], derailed)
+    return broken
+
+
+def _flag(graded: Graded, job: dict) -> None:
+    """Mark each task whose answer cell a human should read (autograder/flags.py); the grade stands."""
+    from autograder import flags
+
+    found = flags.scan_answers(job)
+    for task in graded.tasks:
+        lines = found.get(task.id, [])
+        if lines:
+            task.flags = lines
+            task.feedback.append(
+                f"  [FLAG] your instructor will read this answer (it {lines[0].split(': ', 1)[1]}"
+                + (f", and {len(lines) - 1} more" if len(lines) > 1 else "")
+                + "); the points above are graded as usual"
+            )
 
 
 # ----------------------------------------------------------------------------- host paths
@@ -564,25 +661,3 @@ def _scrub_graded(graded: Graded) -> None:
     for cell in graded.cells.values():
         cell.stdout, cell.error, cell.cut = scrub(cell.stdout), scrub(cell.error or "") or None, cell.cut
     graded.notes = [scrub(note) for note in graded.notes]
-
-
-# ----------------------------------------------------------------------------- cache
-
-
-def cached_grade(cache: Path | None, chapter: str, trusted: list[dict], submission: dict, **kwargs) -> Graded:
-    """:func:`grade`, remembered in ``cache`` by :func:`job_key` (the class command fills it)."""
-    if cache is None:
-        return grade(chapter, trusted, submission, **kwargs)
-    key = job_key(build_job(chapter, trusted, submission))
-    path = Path(cache) / f"{key}.json"
-    if path.exists():
-        try:
-            return Graded.from_json(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)
-    graded = grade(chapter, trusted, submission, **kwargs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(graded.to_json()))
-    os.replace(partial, path)  # atomic: a reader never sees half a file
-    return graded

@@ -34,7 +34,7 @@ from nbgrader.api import MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor, OverwriteCells
 from traitlets import Unicode
 
-from autograder import grading, settings
+from autograder import gradecache, grading, settings
 
 
 def _stream(text: str) -> NotebookNode:
@@ -109,6 +109,28 @@ def forget_ungraded(resources: dict) -> None:
         pass
 
 
+#: How a flagged answer starts in nbgrader's log (``course grade`` lists flagged submissions too).
+FLAGGED = "flagged for a human:"
+
+
+def flag_submission(resources: dict, lines: list[str]) -> bool:
+    """Mark the submitted notebook ``flagged`` in nbgrader's gradebook (formgrader shows the flag).
+
+    A flag is only ever set here, never cleared: an instructor's own flag stays.
+    """
+    from nbgrader.api import Gradebook
+
+    info = resources.get("nbgrader") or {}
+    try:
+        with Gradebook(info["db_url"]) as gb:
+            notebook = gb.find_submission_notebook(info["notebook"], info["assignment"], info["student"])
+            notebook.flagged = True
+            gb.db.commit()
+        return True
+    except (KeyError, MissingEntry):
+        return False
+
+
 class GradeInSandbox(NbGraderPreprocessor):
     """Grade the notebook with :func:`autograder.grading.grade` instead of executing it."""
 
@@ -128,12 +150,18 @@ class GradeInSandbox(NbGraderPreprocessor):
             )
         cache = os.environ.get("COURSE_GRADE_CACHE")
         try:
-            graded = grading.cached_grade(Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox)
+            graded = gradecache.cached_grade(
+                Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox
+            )
         except grading.GradingError:
             forget_ungraded(resources)
             raise
         for task in graded.tampered:
             self.log.warning("tampering in %s: %s", task.id, task.tampered)
+        if graded.flagged:
+            flag_submission(resources, graded.flagged)
+            for line in graded.flagged:
+                self.log.warning("%s %s", FLAGGED, line)
         for note in graded.notes:
             self.log.warning("%s", note)
         return write_outputs(nb, graded), resources
