@@ -57,6 +57,42 @@ REQUIREMENTS = [
 # ----------------------------------------------------------------------------- doctor
 
 
+def python_requirements(version: tuple[int, int, int] | None = None) -> tuple[list[str], str]:
+    """What the installed packages' ``Requires-Python`` ask of this interpreter.
+
+    Returns ``(refused, floor)``: one line per installed distribution whose ``Requires-Python``
+    excludes ``version`` (this interpreter's by default), and the highest lower bound among
+    them all ("3.11" when nothing asks more than the README does). A pin that needs a patch
+    release (soupsieve 3 and later need 3.11.5; Debian 12 ships 3.11.2) shows up here, so
+    the doctor checks what the pins really need, not only "3.11".
+    """
+    import importlib.metadata as md
+
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import Version
+
+    version = version or tuple(sys.version_info[:3])
+    here = Version(".".join(map(str, version)))
+    refused, floor, floor_text = [], Version("3.11"), "3.11"
+    seen = set()
+    for dist in md.distributions():
+        name = dist.metadata.get("Name") or "?"
+        spec = dist.metadata.get("Requires-Python")
+        if not spec or name.lower() in seen:
+            continue
+        seen.add(name.lower())
+        try:
+            specs = SpecifierSet(spec)
+        except InvalidSpecifier:
+            continue
+        if here not in specs:
+            refused.append(f"{name} {dist.version} needs Python {spec}; this is {here} (see constraints.txt)")
+        for s in specs:
+            if s.operator in (">=", ">") and Version(s.version) > floor:
+                floor, floor_text = Version(s.version), f"{s.version} ({name})"
+    return refused, floor_text
+
+
 def doctor(args) -> int:
     import importlib
     import importlib.metadata as md
@@ -70,7 +106,11 @@ def doctor(args) -> int:
         print(f"[{'OK' if ok else 'FAIL'}] {text}", flush=True)
 
     py = sys.version_info
-    line(py >= (3, 11), f"Python {py.major}.{py.minor}.{py.micro} (needs >= 3.11) at {sys.executable}")
+    refused, floor = python_requirements()
+    need = f"the installed packages need >= {floor}" if floor else "needs >= 3.11"
+    line(py >= (3, 11) and not refused, f"Python {py.major}.{py.minor}.{py.micro} ({need}) at {sys.executable}")
+    for text in refused:
+        line(False, text)
     for dist, module in REQUIREMENTS:
         try:
             with warnings.catch_warnings():
