@@ -169,6 +169,7 @@ def main() -> int:
             "not_done": result.not_done,
             "seconds": round(result.seconds, 3),
             "tampered": tampered.get(task_id),
+            "unreachable": result.unreachable,
         }
         if verdict["tampered"]:
             verdict["points"] = 0.0

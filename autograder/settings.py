@@ -64,6 +64,11 @@ def apply(c, root: str) -> None:
         "nbgrader.preprocessors.AssignLatePenalties",
         "nbgrader.preprocessors.CheckCellMetadata",
     ]
+    # Before autograde deletes or stamps anything, and before submit copies: a notebook that
+    # is not valid JSON (or servers that do not answer) is named in one line, never graded.
+    import importlib
+
+    importlib.import_module("autograder.nbgrader_plugin").install_guards()
 
 
 def exchange_root() -> str | None:
