@@ -366,3 +366,106 @@ def test_two_learners_check_their_fetched_chapter_at_once(two_accounts):
         assert proc.returncode == 0, f"{name}: {out[-2000:]}{err[-2000:]}"
         assert "total: " in out and "Traceback" not in out + err, out + err
         assert len(err.strip().splitlines()) <= 1, err  # at most the one line about grading without a sandbox
+
+
+# ----------------------------------------------------------------------------- nbgrader's paths
+
+
+def _nbgrader(root: Path, *args: str, env: dict | None = None):
+    import subprocess
+
+    base = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args], cwd=root, env={**base, **(env or {})},
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+def _score_and_time(root: Path, student: str):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+        sub = gb.find_submission(CHAPTER, student)
+        return sub.score, sub.timestamp
+
+
+@pytest.mark.slow
+def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old_grade(tmp_path):
+    import json
+    import shutil
+
+    from autograder import settings
+
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    root = tmp_path / "course"
+    root.mkdir()
+    settings.write_config(root, f"c.Exchange.root = {str(exchange)!r}\n")
+    shutil.copytree(REPO / "solutions" / CHAPTER, root / "solutions" / CHAPTER)
+    assert _nbgrader(root, "generate_assignment", CHAPTER, "--force").returncode == 0
+    servers = dict(backends.servers().as_env(), COURSE_BACKEND="env")
+
+    folder = root / "submitted" / "ada" / CHAPTER
+    folder.mkdir(parents=True)
+    nb = folder / f"{CHAPTER}.ipynb"
+    nb.write_text(json.dumps(_solution()))
+    (folder / "timestamp.txt").write_text("2026-12-01 10:00:00 UTC")
+    first = _nbgrader(root, "autograde", CHAPTER, env=servers)
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = _score_and_time(root, "ada")
+    assert before[0] > 0
+
+    # a resubmission that is not JSON: named in one line, nothing deleted, grade and time kept
+    nb.write_text('{"cells": [')
+    (folder / "timestamp.txt").write_text("2026-12-02 10:00:00 UTC")
+    out = _nbgrader(root, "autograde", CHAPTER, "--force", env=servers)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert f"submitted/ada/{CHAPTER}/{CHAPTER}.ipynb is not a notebook (broken JSON at line 1" in text, text
+    assert "Traceback" not in text and "Removing" not in text, text
+    assert (root / "autograded" / "ada" / CHAPTER / f"{CHAPTER}.ipynb").exists()
+    assert _score_and_time(root, "ada") == before
+
+    # servers that do not answer: the same, named with the next step
+    nb.write_text(json.dumps(_solution()))
+    down = _nbgrader(root, "autograde", CHAPTER, "--force", env={**servers, **DEAD})
+    text = down.stdout + down.stderr
+    assert down.returncode == 1 and "Redis at redis://127.0.0.1:1/0 does not answer" in text, text
+    assert "Traceback" not in text and (root / "autograded" / "ada" / CHAPTER).exists()
+    assert _score_and_time(root, "ada") == before
+
+    # nbgrader submit of a broken notebook, from a learner's copy: refused, nothing handed in
+    assert _nbgrader(root, "release_assignment", CHAPTER).returncode == 0
+    learner = tmp_path / "learner"
+    learner.mkdir()
+    settings.write_config(learner, f"c.Exchange.root = {str(exchange)!r}\n")
+    fetched = _nbgrader(learner, "fetch_assignment", CHAPTER)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    (learner / CHAPTER / f"{CHAPTER}.ipynb").write_text('{"cells": [')
+    sub = _nbgrader(learner, "submit", CHAPTER, "--student=ada")
+    text = sub.stdout + sub.stderr
+    assert sub.returncode == 1 and f"{CHAPTER}.ipynb is not a notebook (broken JSON" in text, text
+    assert "nothing was submitted" in text and "Traceback" not in text
+    assert not list((exchange / settings.COURSE_ID / "inbound").iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hiding bubblewrap from one command needs root (unshare -m)")
+def test_course_check_without_bubblewrap_grades_unsandboxed_in_one_line(tmp_path):
+    import shutil
+    import subprocess
+
+    bwrap = shutil.which("bwrap")
+    if not bwrap:
+        pytest.skip("bubblewrap is not installed here: nothing to hide")
+    nb = REPO / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_SANDBOX"}
+    env.update(backends.servers().as_env(), COURSE_BACKEND="env")
+    script = f"mount --bind /dev/null {bwrap} && exec {sys.executable} -m autograder.check {nb}"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no sandbox here" in lines[0] and "your instructor's grading runs sandboxed" in lines[0]
+    assert "NOT sandboxed" in proc.stdout and "can read solutions/" not in proc.stdout
+    env["COURSE_SANDBOX"] = "required"  # the instructor's setting keeps refusing
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 2 and "bubblewrap" in proc.stderr
