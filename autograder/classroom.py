@@ -180,11 +180,17 @@ def grade_all(
         )
     summary.unstamped = [s for s, nb in found.items() if not (nb.parent / "timestamp.txt").is_file()]
     trusted = grading.read_manifest(assignment)
+    grading.check_servers()  # servers that do not answer grade nobody: stop before the first submission
     cache = cache_dir(root, assignment, shared_cache)
     jobs = jobs or os.cpu_count() or 1
 
     started = time.perf_counter()
     results: dict[str, grading.Graded] = {}
+
+    broken = {s: why for s in sorted(found) if (why := grading.broken_submission(found[s]))}
+    for student, why in broken.items():  # named, and never handed to nbgrader (which would drop the old grade)
+        summary.failed[student] = f"{why.replace(str(root) + '/', '')}: {grading.KEPT}"
+        del found[student]
 
     def one(student: str) -> tuple[str, grading.Graded]:
         nb = json.loads(found[student].read_text(encoding="utf-8"))
@@ -201,6 +207,10 @@ def grade_all(
             except Exception as err:  # noqa: BLE001 - one broken submission must not stop the class
                 summary.failed[student] = f"{type(err).__name__}: {err}"
     summary.seconds["grade"] = time.perf_counter() - started
+    for student, graded in list(results.items()):
+        if not graded.complete:  # the servers stopped answering: not graded, not cached, not recorded
+            summary.failed[student] = f"not graded: {graded.not_graded}"
+            del results[student]
     for student, graded in results.items():
         summary.scores[student] = (graded.score, graded.max_score)
         if graded.tampered:

@@ -149,8 +149,9 @@ def cached_grade(cache: Path | None, chapter: str, trusted: list[dict], submissi
     private_dir(cache)
     key = cache_key(grading.build_job(chapter, trusted, submission))
     found = read_cached(cache, key)
-    if found is not None:
+    if found is not None and found.complete:
         return found
     graded = grading.grade(chapter, trusted, submission, **kwargs)
-    write_cached(cache, key, graded)
+    if graded.complete:  # not graded (the servers stopped answering): never remembered
+        write_cached(cache, key, graded)
     return graded

@@ -28,7 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from autograder import runner, settings
+from autograder import health, runner, settings
+from autograder.health import KEPT, broken_submission  # noqa: F401 - the grading paths name them as grading.*
 from course.kit import procs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,9 +123,10 @@ class TaskGrade:
     points: float
     max_points: float
     feedback: list[str] = field(default_factory=list)
-    status: str = "failed"  # passed | failed | not_done | tampered | cut
+    status: str = "failed"  # passed | failed | not_done | tampered | cut | not_graded
     tampered: str | None = None
     flags: list[str] = field(default_factory=list)  # what a human should read in its answer (autograder/flags.py)
+    unreachable: str | None = None  # the connection error the check ended on, if any
 
     @property
     def passed(self) -> bool:
@@ -153,6 +155,12 @@ class Graded:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     sandboxed: bool = False
+    not_graded: str | None = None  # the servers stopped answering: why (see _mark_not_graded)
+
+    @property
+    def complete(self) -> bool:
+        """Was every task really graded? A result that is not is never cached nor recorded."""
+        return self.not_graded is None and not any(t.status == "not_graded" for t in self.tasks)
 
     @property
     def score(self) -> float:
@@ -183,6 +191,7 @@ class Graded:
         graded.cells = {k: CellRun(**v) for k, v in data["cells"].items()}
         graded.manual = data.get("manual", [])
         graded.sandboxed = data.get("sandboxed", False)
+        graded.not_graded = data.get("not_graded")
         return graded
 
 
@@ -248,6 +257,53 @@ def _servers_env() -> dict[str, str]:
         raise GradingError(
             f'no live servers to grade with: {err} (run `eval "$(course up --export)"` first, or unset COURSE_BACKEND)'
         ) from err
+
+
+# ----------------------------------------------------------------------------- server health
+
+
+class ServersDown(GradingError):
+    """The course's servers do not answer (or cannot make a namespace): nothing was graded."""
+
+
+_healthy: set[tuple[str, str]] = set()  # servers that made a namespace in this process once
+
+
+def check_servers(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Raise :class:`ServersDown` unless the course's servers answer; return their URLs.
+
+    Run before any submission is graded. The first time in a process the servers must also
+    make a grading namespace; after that a round trip to each is enough.
+    """
+    env = env or _servers_env()
+    ident = (env.get("REDIS_URL", ""), env.get("DATABASE_URL", ""))
+    problem = health.server_problem(env, namespace=ident not in _healthy)
+    if problem:
+        raise ServersDown(problem)
+    _healthy.add(ident)
+    return env
+
+
+def _mark_not_graded(graded: Graded, env: dict[str, str]) -> None:
+    """After a run in which something fell short: if the servers stopped answering, the
+    shortfall is theirs. Every task that did not pass becomes "not graded" (never "failed"),
+    and :attr:`Graded.not_graded` says why; such a result is never cached or recorded."""
+    short = [t for t in graded.tasks if t.status not in ("passed", "tampered")]
+    if not short:
+        return
+    problem = health.server_problem(env)
+    unreachable = [t for t in short if t.unreachable]
+    if problem is None:
+        for t in unreachable:
+            t.feedback.append(
+                f"  - a connection failed in this check ({t.unreachable}), but the course's servers answer: "
+                "the connection that failed was your code's (a hard-coded address?)"
+            )
+        return
+    graded.not_graded = problem
+    for t in short:
+        t.status, t.points = "not_graded", 0.0
+        t.feedback.append(f"  [NOT GRADED] the course's servers stopped answering while grading: {problem}")
 
 
 def _launch(job: dict, key: bytes, sandbox_mode: str) -> tuple[subprocess.Popen, int, object]:
@@ -444,6 +500,7 @@ def grade(
     works here) or ``"off"``.
     """
     started = time.perf_counter()
+    env = check_servers()  # before anything is made for the run: a failure leaves nothing behind
     job = build_job(chapter, trusted, submission)
     cuts: dict[str, str] = {}
     run = None
@@ -458,6 +515,7 @@ def grade(
         run.events.append({"event": "forged"})  # an earlier run saw lines the grader did not sign
     graded = _assemble(chapter, trusted, job, run, cuts)
     _flag(graded, job)
+    _mark_not_graded(graded, env)
     _scrub_graded(graded)
     graded.seconds = time.perf_counter() - started
     warning = sandbox_warning(sandbox)
@@ -519,6 +577,7 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run, cuts: dic
         else:
             tg.feedback.extend(result["lines"])
             tg.points = min(float(result["points"]), points)
+            tg.unreachable = result.get("unreachable")
             if result.get("refused"):
                 tg.status, tg.tampered, tg.points = "tampered", f"refused: {result['refused']}", 0.0
                 tg.feedback.append(

@@ -178,6 +178,7 @@ class Result:
     lines: list[str]
     seconds: float
     not_done: bool = False  # the learner's answer is still the stub
+    unreachable: str | None = None  # the check ended on a connection error (a server down?)
 
     @property
     def passed(self) -> bool:
@@ -349,7 +350,32 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
     not_done = bool(outcome.get("not_done")) and not cut
     if not public and t.seed and not not_done:  # last, one line: the verdict comes first
         r.note(f"random choices come from seed {t.seed}: the same code gets the same verdict on every run")
-    return Result(t.id, points, t.points, r.lines, time.perf_counter() - start, not_done=not_done)
+    result = Result(t.id, points, t.points, r.lines, time.perf_counter() - start, not_done=not_done)
+    if "error" in outcome and connection_error(outcome["error"]):
+        result.unreachable = _describe(outcome["error"])
+    return result
+
+
+#: Exceptions that mean "a server did not answer", by module and name (no import needed).
+_CONNECTION_ERRORS = {
+    ("psycopg", "OperationalError"),
+    ("psycopg_pool", "PoolTimeout"),
+    ("redis.exceptions", "ConnectionError"),
+    ("redis.exceptions", "TimeoutError"),
+    ("builtins", "ConnectionError"),
+}
+
+
+def connection_error(err: BaseException) -> bool:
+    """Is ``err`` (or what it was raised from) a failure to reach a server?"""
+    seen = 0
+    while err is not None and seen < 5:
+        for cls in type(err).__mro__:
+            module = cls.__module__.split(".")[0] if cls.__module__.startswith("psycopg") else cls.__module__
+            if (module, cls.__name__) in _CONNECTION_ERRORS:
+                return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
 
 
 # ----------------------------------------------------------------------------- notebook entry points

@@ -131,6 +131,96 @@ def flag_submission(resources: dict, lines: list[str]) -> bool:
         return False
 
 
+def _shown(path: str | Path, root: str | Path) -> str:
+    """``path`` relative to the course directory ``root`` when under it."""
+    path, root = Path(path).resolve(), Path(root).resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def _guarded_init_destination(original):
+    """nbgrader's ``init_destination``, first refusing what cannot be graded.
+
+    nbgrader's autograde, before it grades, deletes the autograded folder (``--force`` or a
+    newer submission) and stamps the submission's new time in the gradebook; a broken
+    notebook then failed with a traceback, leaving the old score under the broken file's
+    time. Here, before any of that: a submission that is not a notebook, or servers that do
+    not answer, is named in one line and skipped (nothing deleted, grade and time kept), and
+    the command ends with an error (``_guarded_convert``).
+    """
+
+    def init_destination(self, assignment_id: str, student_id: str) -> bool:
+        failed = self.__dict__.setdefault("_course_not_graded", [])
+        root = self.coursedir.root
+        for notebook in self.notebooks:
+            why = grading.broken_submission(Path(notebook))
+            if why:
+                self.log.error("%s: %s", why.replace(str(Path(notebook)), _shown(notebook, root)), grading.KEPT)
+                failed.append((assignment_id, student_id))
+                return False
+        try:
+            grading.check_servers()
+        except grading.GradingError as err:
+            self.log.error("%s of %s not graded: %s", assignment_id, student_id, err)
+            failed.append((assignment_id, student_id))
+            return False
+        return original(self, assignment_id, student_id)
+
+    init_destination._course_guard = True
+    return init_destination
+
+
+def _guarded_convert(original):
+    def convert_notebooks(self) -> None:
+        from nbgrader.converters import NbGraderException
+
+        original(self)
+        failed = self.__dict__.get("_course_not_graded") or []
+        if failed:
+            who = ", ".join(f"{s} ({a})" for a, s in failed)
+            raise NbGraderException(f"not graded (see the lines above; earlier grades are kept): {who}")
+
+    convert_notebooks._course_guard = True
+    return convert_notebooks
+
+
+def _guarded_check_filename_diff(original):
+    """``nbgrader submit``: a notebook that is not valid JSON is refused with one line, before any copy."""
+
+    def check_filename_diff(self) -> None:
+        for nb in sorted(Path(self.src_path).rglob("*.ipynb")):
+            if ".ipynb_checkpoints" in nb.parts:
+                continue
+            why = grading.broken_submission(nb)
+            if why:
+                self.fail(
+                    f"{why.replace(str(nb), _shown(nb, self.src_path))}: nothing was submitted. Open it in "
+                    "JupyterLab and save it again (or fetch the chapter again into another folder and copy "
+                    "your answers over), then submit"
+                )
+        return original(self)
+
+    check_filename_diff._course_guard = True
+    return check_filename_diff
+
+
+def install_guards() -> None:
+    """Put the course's checks into nbgrader's autograde and submit (idempotent).
+
+    nbgrader has no hook that runs before autograde deletes a learner's autograded folder,
+    nor one before submit copies a notebook, so the two methods are wrapped: the course's
+    ``nbgrader_config.py`` calls this (through :func:`autograder.settings.apply`).
+    """
+    from nbgrader.converters import Autograde
+    from nbgrader.exchange.default.submit import ExchangeSubmit
+
+    if not getattr(Autograde.init_destination, "_course_guard", False):
+        Autograde.init_destination = _guarded_init_destination(Autograde.init_destination)
+    if not getattr(Autograde.convert_notebooks, "_course_guard", False):
+        Autograde.convert_notebooks = _guarded_convert(Autograde.convert_notebooks)
+    if not getattr(ExchangeSubmit.check_filename_diff, "_course_guard", False):
+        ExchangeSubmit.check_filename_diff = _guarded_check_filename_diff(ExchangeSubmit.check_filename_diff)
+
+
 class GradeInSandbox(NbGraderPreprocessor):
     """Grade the notebook with :func:`autograder.grading.grade` instead of executing it."""
 
@@ -153,6 +243,8 @@ class GradeInSandbox(NbGraderPreprocessor):
             graded = gradecache.cached_grade(
                 Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox
             )
+            if not graded.complete:  # the servers stopped answering: nothing may be recorded
+                raise grading.ServersDown(f"not graded: {graded.not_graded}")
         except grading.GradingError:
             forget_ungraded(resources)
             raise

