@@ -7,7 +7,10 @@ port and ``recovery_min_apply_delay``, and starts it as a hot standby. The copy 
 run folder of :func:`course.kit.backends.new_run_dir`, so the course's watchdog stops it
 when the kernel dies, even by SIGKILL; :func:`stop_replica` and the kernel's normal exit
 stop it too. The primary already allows it: ``wal_level = logical`` (course.kit.backends),
-the default ``max_wal_senders = 10``, and trust for local replication connections.
+the default ``max_wal_senders = 10``, and trust for local replication connections. Each standby
+streams through a replication slot of its own, made before the copy starts, so the primary keeps the
+WAL it still needs; the slot is dropped when the standby stops, and a slot whose kernel died is
+dropped by the next start.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class Replica:
     port: int
     dbname: str
     delay_ms: int
+    slot: str = ""
+    primary_url: str = ""
 
     @property
     def url(self) -> str:
@@ -96,10 +101,31 @@ def why_not(database_url: str) -> str | None:
     return None
 
 
+SLOT_PREFIX = "ch09_standby_"
+
+
+def _drop_orphan_slots(conn) -> None:
+    """Drop this chapter's replication slots whose standby is gone (its kernel died): a slot keeps WAL forever."""
+    from course.kit import procs
+
+    rows = conn.execute(
+        "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s AND NOT active", (SLOT_PREFIX + "%",)
+    ).fetchall()
+    for (slot,) in rows:
+        pid = slot.removeprefix(SLOT_PREFIX).split("_")[0]
+        if not (pid.isdigit() and procs.alive(int(pid))):
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
 def _start(name: str, database_url: str, delay_ms: int) -> Replica:
     info = psycopg.conninfo.conninfo_to_dict(database_url)
+    slot = f"{SLOT_PREFIX}{os.getpid()}_{name}"
     with psycopg.connect(database_url, autocommit=True) as conn:
         major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000
+        _drop_orphan_slots(conn)
+        if conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone():
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))  # reserves WAL from now on
     bin_dir = _bin_dir(major)
     run = backends.new_run_dir(f"ch09-{name}-")  # watched: stopped if this process dies
     os.chmod(run, 0o711)
@@ -113,26 +139,40 @@ def _start(name: str, database_url: str, delay_ms: int) -> Replica:
         os.chown(data, pw.pw_uid, pw.pw_gid)
     copy = subprocess.run(
         [bin_dir / "pg_basebackup", "-h", info["host"], "-p", str(info.get("port", 5432)), "-U",
-         info.get("user", "postgres"), "-D", str(data), "-R", "-X", "stream", "-c", "fast"],
+         info.get("user", "postgres"), "-D", str(data), "-R", "-X", "stream", "-c", "fast", "-S", slot],
         capture_output=True, text=True, timeout=60, **as_user,
     )  # fmt: skip
     if copy.returncode != 0:
         backends.stop_embedded(run)
-        raise ReplicaUnavailable(f"pg_basebackup failed: {copy.stderr.strip()[-300:]}")
+        _drop_slot(database_url, slot)
+        raise ReplicaUnavailable(f"pg_basebackup failed: {copy.stderr.strip()[-900:]}")
     port = _free_port()
     with (data / "postgresql.conf").open("a") as f:
         f.write(
             f"\n# chapter 09 standby\nport = {port}\nunix_socket_directories = '{data}'\nlisten_addresses = ''\n"
-            f"hot_standby = on\nrecovery_min_apply_delay = '{delay_ms}ms'\nmax_connections = 40\n"
+            f"hot_standby = on\nrecovery_min_apply_delay = '{delay_ms}ms'\n"
         )
     started = subprocess.run(
         [bin_dir / "pg_ctl", "-D", str(data), "-l", str(data / "log"), "-w", "-t", "30", "start"],
         capture_output=True, text=True, timeout=40, **as_user,
     )  # fmt: skip
     if started.returncode != 0:
+        log = (data / "log").read_text(errors="replace").strip().splitlines() if (data / "log").exists() else []
         backends.stop_embedded(run)
-        raise ReplicaUnavailable(f"the standby did not start: {started.stderr.strip()[-300:]}")
-    return Replica(name, run, port, info["dbname"], delay_ms)
+        _drop_slot(database_url, slot)
+        raise ReplicaUnavailable(f"the standby did not start: {(log or [started.stderr.strip()])[-1][-300:]}")
+    return Replica(name, run, port, info["dbname"], delay_ms, slot, database_url)
+
+
+def _drop_slot(database_url: str, slot: str) -> None:
+    """Drop the standby's slot on the primary once the standby is stopped (best effort)."""
+    try:
+        with psycopg.connect(database_url, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            )
+    except psycopg.Error:
+        pass
 
 
 async def start_replica(name: str, database_url: str, *, delay_ms: int) -> Replica:
@@ -160,6 +200,8 @@ def stop_replica(name: str) -> None:
     replica = _replicas.pop(name, None)
     if replica is not None:
         backends.stop_embedded(replica.run)
+        if replica.slot:
+            _drop_slot(replica.primary_url, replica.slot)
 
 
 def stop_all() -> None:
