@@ -98,7 +98,7 @@ RULES: dict[str, list[Rule]] = {
     ],
     "hash_ring": [
         Rule(
-            "when an eleventh node joins ten, only about 1/11 of the keys move",
+            "When an eleventh node joins ten, only about 1/11 of the keys move",
             "check_hash_ring: 10,000 keys, 10 -> 11 nodes; moved share must lie in [4.5 %, 16 %]",
             "modulo",
         ),
@@ -107,7 +107,7 @@ RULES: dict[str, list[Rule]] = {
             "check_hash_ring: keys that moved between old nodes are counted",
         ),
         Rule(
-            "each of ten nodes gets within 30 % of the mean share of keys",
+            "Each of ten nodes gets within 30 % of the mean share of keys",
             "check_hash_ring: 10,000 keys over 10 nodes; the worst node's distance from the mean is reported",
             "one_point_per_node",
         ),
@@ -117,7 +117,7 @@ RULES: dict[str, list[Rule]] = {
             "order_dependent",
         ),
         Rule(
-            "two processes of the service, started separately, place every key on the same node",
+            "Two processes of the service, started separately, place every key on the same node",
             "check_hash_ring: two fresh Python processes with PYTHONHASHSEED=1 and =2 must agree",
             "python_hash",
         ),

@@ -92,9 +92,8 @@ def why_not(database_url: str) -> str | None:
     """None when a standby can be started from ``database_url``; else what the demo needs."""
     host = psycopg.conninfo.conninfo_to_dict(database_url).get("host", "")
     if not host.startswith("/"):
-        kind = backends.servers().kind
         return (
-            f"the servers come from {kind} at {host or 'a TCP address'}: this demo copies the server with "
+            f"the server is at {host or 'a TCP address'} (an env URL or Docker): this demo copies the server with "
             "pg_basebackup into a folder on this machine, which needs the course's embedded PostgreSQL on a "
             "local socket (COURSE_BACKEND=embedded), or a replica of your own with recovery_min_apply_delay"
         )
