@@ -104,16 +104,27 @@ SLOT_PREFIX = "ch09_standby_"
 
 
 def _drop_orphan_slots(conn) -> None:
-    """Drop this chapter's replication slots whose standby is gone (its kernel died): a slot keeps WAL forever."""
+    """Drop this chapter's replication slots whose kernel died: a slot keeps WAL on the primary forever.
+
+    A standby left running by a dead kernel is stopped first (:func:`course.kit.backends.reap_orphans`
+    stops every run folder whose owner is gone); a walsender still attached is ended.
+    """
     from course.kit import procs
 
+    backends.reap_orphans()
     rows = conn.execute(
-        "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s AND NOT active", (SLOT_PREFIX + "%",)
+        "SELECT slot_name, active_pid FROM pg_replication_slots WHERE slot_name LIKE %s", (SLOT_PREFIX + "%",)
     ).fetchall()
-    for (slot,) in rows:
+    for slot, active_pid in rows:
         pid = slot.removeprefix(SLOT_PREFIX).split("_")[0]
-        if not (pid.isdigit() and procs.alive(int(pid))):
+        if pid.isdigit() and procs.alive(int(pid)):
+            continue
+        try:
+            if active_pid is not None:
+                conn.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        except psycopg.Error:
+            pass  # another kernel dropped it first, or its standby reattached: the next start tries again
 
 
 def _start(name: str, database_url: str, delay_ms: int) -> Replica:
@@ -122,7 +133,11 @@ def _start(name: str, database_url: str, delay_ms: int) -> Replica:
     with psycopg.connect(database_url, autocommit=True) as conn:
         major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000
         _drop_orphan_slots(conn)
-        if conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone():
+        for (active_pid,) in conn.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchall():  # this kernel's own slot from an earlier start
+            if active_pid is not None:
+                conn.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))  # reserves WAL from now on
     bin_dir = _bin_dir(major)
