@@ -24,7 +24,7 @@ KINDS = {
     ),
 }
 
-#: The figures usually quoted for 2 million rows on PostgreSQL 18 (MB), and the leaf fill behind them:
+#: The figures to expect for 2 million rows on PostgreSQL 18 (MB), and the leaf fill they follow from:
 #: appends split the rightmost page at the B-tree fillfactor (90 %, PostgreSQL's CREATE INDEX docs);
 #: random inserts leave leaves about ln 2 = 69 % full on average (A. C. Yao, "On random 2-3 trees", 1978).
 CLAIM_MB = {"bigint identity": 43, "UUIDv4": 76, "UUIDv7": 60}
