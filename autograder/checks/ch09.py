@@ -1,0 +1,570 @@
+"""Hidden checks of chapter 09 (data access): ``keyset_page`` and ``hash_ring``.
+
+``keyset_page`` is walked page by page by the check itself, and the writes that break
+OFFSET pages (rows inserted above the reader, rows deleted behind it, the cursor's own
+row deleted, rows deleted ahead of it) run from another session *between* two calls, in
+a fixed order: no timing is involved, so the same answer gets the same verdict on every
+run. Pages alternate between two replicas of the answer (copies of the answer cell that
+share no module state), so a cursor must be readable by a process that did not make it.
+
+``hash_ring`` is measured on fixed key sets: keys moved when an eleventh node joins, the
+spread of keys over ten nodes, agreement between rings built in different orders, between
+replicas, and between two fresh Python processes started with different
+``PYTHONHASHSEED`` values (Python's ``hash()`` of a string differs between them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+from autograder.harness import Report, cell_source, error_line, task
+from autograder.probes import REPO, _environment
+from course.chapters.ch09 import EPOCH, setup_posts
+from course.kit import lab
+from course.pagination import InvalidCursor
+
+try:
+    from autograder.rules import Rule
+except ImportError:  # the grader-rules module is not in this tree yet: the same interface
+
+    @dataclass(frozen=True)
+    class Rule:
+        text: str
+        check: str
+        wrong: str | None = None
+        not_graded: bool = False
+
+
+NEWEST_FIRST = "ORDER BY created_at DESC, id DESC"
+
+RULES: dict[str, list[Rule]] = {
+    "keyset_page": [
+        Rule(
+            "Rows that share one `created_at` are never skipped or repeated at a page boundary",
+            "check_keyset_page: 23 rows in ties of 3 read 5 at a time on a quiet table; rows missing or twice "
+            "around a boundary inside a tie are named",
+            "no_tie_breaker",
+        ),
+        Rule(
+            "A page never starts with the last row of the page before",
+            "check_keyset_page: the quiet walk; a repeated row that ended the page before is reported as a "
+            "non-strict comparison",
+            "lte_repeats",
+        ),
+        Rule(
+            "`next_cursor` is `None` when no row follows the last one returned",
+            "check_keyset_page: exactly 20 rows at limit 5 must take four calls; a fifth, empty page is reported",
+            "no_limit_plus_one",
+        ),
+        Rule(
+            "Pages never skip or repeat a row while other sessions insert and delete rows between two calls",
+            "check_keyset_page: between pages the check inserts newer rows and deletes rows already read; "
+            "repeats and skips against the rows that existed throughout are reported",
+            "offset_pages",
+        ),
+        Rule(
+            "The cursor still works after the row it was made from is deleted",
+            "check_keyset_page: the row that ended page 3 is deleted before page 4 is read; an empty or short "
+            "page 4 is reported",
+            "id_only_cursor",
+        ),
+        Rule(
+            "a row deleted before its page is read is not returned",
+            "check_keyset_page: two rows not yet read are deleted; returning them is reported",
+            "materialised_snapshot",
+        ),
+        Rule(
+            "a cursor that was altered in any way, or is not one of yours, raises `InvalidCursor`",
+            "check_keyset_page: sixteen one-character changes of a real cursor and two strings that are not cursors "
+            "must each raise InvalidCursor (or, where the change left the decoded bytes alone, return page 2 unchanged)",
+            "unsigned_cursor",
+        ),
+        Rule(
+            "any replica of the service reads the cursors that another replica made",
+            "check_keyset_page: pages alternate between two replicas of the answer cell",
+            "per_process_secret",
+        ),
+        Rule(
+            "Putting a version number in the cursor is good practice; it is not graded",
+            "not checked",
+            not_graded=True,
+        ),
+    ],
+    "hash_ring": [
+        Rule(
+            "When an eleventh node joins ten, only about 1/11 of the keys move",
+            "check_hash_ring: 10,000 keys, 10 -> 11 nodes; moved share must lie in [4.5 %, 16 %]",
+            "modulo",
+        ),
+        Rule(
+            "every key that moves, moves to the new node",
+            "check_hash_ring: keys that moved between old nodes are counted",
+        ),
+        Rule(
+            "Each of ten nodes gets within 30 % of the mean share of keys",
+            "check_hash_ring: 10,000 keys over 10 nodes; the worst node's distance from the mean is reported",
+            "one_point_per_node",
+        ),
+        Rule(
+            "Placement depends only on the node names and the key, not on the order nodes were added in",
+            "check_hash_ring: rings built in opposite orders must agree on every key",
+            "order_dependent",
+        ),
+        Rule(
+            "Two processes of the service, started separately, place every key on the same node",
+            "check_hash_ring: two fresh Python processes with PYTHONHASHSEED=1 and =2 must agree",
+            "python_hash",
+        ),
+        Rule(
+            "Removing a node moves only the keys that were on it",
+            "check_hash_ring: node-3 removed from 11 nodes; keys of other nodes that moved are counted",
+            "remove_reshuffles",
+        ),
+    ],
+}
+
+REFERENCES: dict[str, list[str]] = {
+    "keyset_page": ["course.chapters.ch09.pages:posts_page", "course.pagination:fetch_page"],
+    "hash_ring": ["course.sharding:HashRing"],
+}
+
+#: The secret the notebook's setup cell gives the learner as ``CURSOR_SECRET``.
+CURSOR_SECRET = b"ch09: every replica of the feed service shares this secret"
+
+
+# ----------------------------------------------------------------------------- keyset_page
+
+
+def _ids(rows) -> list:
+    out = []
+    for row in rows:
+        out.append(row["id"] if isinstance(row, dict) else row[0])
+    return out
+
+
+class Table:
+    """The check's own record of ``ch09_posts``: id -> created_at, and what happened when."""
+
+    def __init__(self, pool, random) -> None:
+        self.pool = pool
+        self.random = random
+        self.when: dict[int, object] = {}
+
+    async def fill(self, n: int, per_tie: int = 3) -> None:
+        """``n`` rows, ``per_tie`` of them sharing each created_at, ids shuffled (not in time order)."""
+        ids = [10 * (i + 1) for i in range(n)]
+        self.random.shuffle(ids)
+        self.when = {id_: EPOCH + timedelta(seconds=i // per_tie) for i, id_ in enumerate(ids)}
+        async with self.pool.connection() as conn:
+            await conn.execute("TRUNCATE ch09_posts")
+            async with conn.cursor() as cur:
+                await cur.executemany(
+                    "INSERT INTO ch09_posts VALUES (%s, %s, %s)",
+                    [(i, t, f"post {i}") for i, t in self.when.items()],
+                )
+
+    async def insert(self, id_: int, at) -> None:
+        self.when[id_] = at
+        async with self.pool.connection() as conn:
+            await conn.execute("INSERT INTO ch09_posts VALUES (%s, %s, %s)", (id_, at, f"post {id_}"))
+
+    async def delete(self, ids) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute("DELETE FROM ch09_posts WHERE id = ANY(%s)", (list(ids),))
+
+    async def ordered(self) -> list[int]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(f"SELECT id FROM ch09_posts {NEWEST_FIRST}")
+            return [row[0] for row in await cur.fetchall()]
+
+    def key(self, id_: int):
+        return (self.when[id_], id_)
+
+
+async def _walk(r: Report, fns, pool, limit: int, between=None, max_pages: int = 40) -> list[list]:
+    """Every page from the first until next is None; ``between(i, ids)`` runs after page ``i``."""
+    pages: list[list] = []
+    cursor = None
+    for i in range(max_pages):
+        fn = fns[i % len(fns)]
+        try:
+            got = await fn(pool, cursor, limit)
+        except InvalidCursor as err:
+            if len(fns) > 1 and i > 0:
+                r.fail(
+                    f"page {i + 1}: replica {i % len(fns) + 1} raised {error_line(err)} for the cursor replica "
+                    f"{(i - 1) % len(fns) + 1} made. Every replica must read every other's cursors: sign with the "
+                    "shared CURSOR_SECRET, not a key made in the process (os.urandom, secrets)"
+                )
+            raise
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            r.fail(f"page {i + 1}: keyset_page returned {got!r:.80}, expected a pair (rows, next_cursor)")
+        rows, cursor = got
+        try:
+            ids = _ids(rows)
+        except (TypeError, KeyError, IndexError):
+            r.fail(f"page {i + 1}: rows {rows!r:.80} are not (id, created_at, title) tuples")
+        if len(ids) > limit:
+            r.fail(f"page {i + 1}: {len(ids)} rows returned with limit={limit}")
+        pages.append(ids)
+        if cursor is None:
+            return pages
+        if not isinstance(cursor, str):
+            r.fail(f"page {i + 1}: next_cursor is {type(cursor).__name__} {cursor!r:.60}, expected a str")
+        if between is not None:
+            await between(i, ids)
+    r.fail(f"{max_pages} pages and next_cursor is still not None: the walk never ends")
+    return pages
+
+
+def _pages_text(pages: list[list]) -> str:
+    return " | ".join(" ".join(str(x) for x in p) for p in pages)
+
+
+def _mutations(cursor: str, rnd, n: int = 10) -> list[tuple[int, str]]:
+    """``n`` one-character changes of ``cursor`` (never its last 4 characters: base64 padding bits)."""
+    spots = [i for i, ch in enumerate(cursor[:-4]) if ch.isascii() and ch.isalnum()]
+    out = []
+    for i in sorted(rnd.sample(spots, min(n, len(spots)))):
+        ch = cursor[i]
+        if ch.isdigit():
+            new = str((int(ch) + 1) % 10)
+        elif ch.islower():
+            new = "a" if ch == "z" else chr(ord(ch) + 1)
+        else:
+            new = "A" if ch == "Z" else chr(ord(ch) + 1)
+        out.append((i, cursor[:i] + new + cursor[i + 1 :]))
+    return out
+
+
+@task(
+    "keyset_page", points=6, title="keyset pages that never skip or repeat, with signed cursors", timeout=40, seed=909
+)
+async def check_keyset_page(r: Report, keyset_page) -> None:
+    async with lab.scratch("ch09") as ns:
+        pool = await ns.pool(max_size=4)
+        await setup_posts(pool)
+        await _check_keyset_page(r, keyset_page, pool)
+
+
+async def _check_keyset_page(r: Report, keyset_page, pool) -> None:
+    import course.pagination
+    from course.chapters.ch09 import pages
+
+    if keyset_page in (pages.posts_page, course.pagination.fetch_page):
+        r.fail("keyset_page is the course's own reference imported from course/: write your own")
+    table = Table(pool, r.random)
+
+    # --- a quiet table: 23 rows, ties of 3, 5 a page ---------------------------------------
+    await table.fill(23)
+    expected = await table.ordered()
+    r.note("23 rows, 3 sharing each created_at, ids not in time order; pages of 5 on a quiet table")
+    got = await _walk(r, [keyset_page], pool, 5)
+    flat = [x for p in got for x in p]
+    if flat != expected:
+        repeated = sorted({x for x in flat if flat.count(x) > 1})
+        skipped = [x for x in expected if x not in flat]
+        ends = {p[-1] for p in got[:-1] if p}
+        seen = f"pages: {_pages_text(got)}; expected {_pages_text([expected[i : i + 5] for i in range(0, 23, 5)])}"
+        if repeated and set(repeated) <= ends and not skipped:
+            r.fail(
+                f"{seen}. Rows {repeated} each ended a page and came again at the top of the next: the comparison "
+                "is not strict (<= repeats the cursor's own row). Continue strictly after it: "
+                "(created_at, id) < (%s, %s)"
+            )
+        if repeated or skipped:
+            r.fail(
+                f"{seen}. Skipped {skipped or 'none'}, repeated {repeated or 'none'}: rows that share one "
+                "created_at were lost or doubled at a page boundary. created_at alone has ties; add the unique id "
+                "as a tie-breaker, in ORDER BY and in the cursor: WHERE (created_at, id) < (%s, %s) "
+                "ORDER BY created_at DESC, id DESC"
+            )
+        r.fail(f"{seen}: the rows are all there but out of order; sort by created_at DESC, id DESC")
+    r.ok(f"5 pages, every row once, in order; the last page has {len(got[-1])} rows and next_cursor None")
+
+    await table.fill(20)
+    got = await _walk(r, [keyset_page], pool, 5)
+    r.expect(
+        len(got) == 4,
+        "exactly 20 rows: four pages of 5, and the fourth says next_cursor None",
+        f"exactly 20 rows at limit 5 took {len(got)} calls: {_pages_text(got) or '(empty)'}"
+        + (
+            ". The fourth page returned a cursor though no row followed, so the reader asked for an empty fifth "
+            "page. Fetch LIMIT n + 1 rows: the extra row only says whether another page exists"
+            if len(got) == 5 and not got[-1]
+            else ""
+        ),
+    )
+    if r.public:
+        return
+
+    # --- tampered and foreign cursors ------------------------------------------------------------
+    await table.fill(23)
+    rows, cursor = await keyset_page(pool, None, 5)
+    r.note(f"a real cursor for page 2 ({len(cursor)} characters), changed one character at a time, 16 times")
+    page2 = _ids((await keyset_page(pool, cursor, 5))[0])
+    harmless = 0
+    for pos, bad in _mutations(cursor, r.random, 16):
+        try:
+            out = await keyset_page(pool, bad, 5)
+        except InvalidCursor:
+            continue
+        except Exception as err:  # noqa: BLE001 - reported
+            r.fail(
+                f"character {pos} changed ({cursor[pos]!r} -> {bad[pos]!r}): raised {error_line(err, 80)}, expected "
+                "InvalidCursor. Catch decoding errors and raise InvalidCursor"
+            )
+        if _ids(out[0]) == page2:  # e.g. base64's unused low bits at the end of a segment: same bytes, same page
+            harmless += 1
+            continue
+        r.fail(
+            f"character {pos} changed ({cursor[pos]!r} -> {bad[pos]!r}): the altered cursor was accepted and "
+            f"returned rows {_ids(out[0])} instead of page 2's {page2}. A client can forge any position: sign the "
+            "cursor (an HMAC of its content with CURSOR_SECRET) and check the signature before using it"
+        )
+    if harmless:
+        r.note(f"{harmless} of the changes decoded to the same cursor (unused bits of the encoding) and were ignored")
+    for junk in ("not-a-cursor", ""):
+        try:
+            out = await keyset_page(pool, junk, 5)
+        except InvalidCursor:
+            continue
+        except Exception as err:  # noqa: BLE001 - reported
+            r.fail(f"cursor {junk!r}: raised {error_line(err, 80)}, expected InvalidCursor")
+        r.fail(f"cursor {junk!r} was accepted and returned {_ids(out[0])}, expected InvalidCursor")
+    r.ok("16 altered cursors and 2 strings that are not cursors: each refused with InvalidCursor")
+
+    # --- writers between pages, two replicas ---------------------------------------------------------
+    replicas = r.replicas("keyset_page", 2)
+    await table.fill(40)
+    start = await table.ordered()
+    deleted_at: dict[int, int] = {}  # id -> the page after which it was deleted
+    inserted: list[int] = []
+    top = max(table.when.values())
+    cursor_row: dict = {}
+
+    read: list[int] = []
+
+    async def between(i: int, ids: list) -> None:
+        read.extend(ids)
+        if i == 0:  # three newer posts arrive: a position counted in rows shifts down by three
+            for k in range(3):
+                await table.insert(1001 + k, top + timedelta(seconds=10 + k))
+                inserted.append(1001 + k)
+        elif i == 1:  # four posts already read are deleted: a row-count position shifts up by four
+            gone = read[:2] + read[-3:-1]  # not the last: that is the cursor's row, deleted next
+            await table.delete(gone)
+            deleted_at.update(dict.fromkeys(gone, i))
+        elif i == 2 and ids:  # the post the cursor was made from is deleted
+            cursor_row["id"] = ids[-1]
+            await table.delete([ids[-1]])
+            deleted_at[ids[-1]] = i
+        elif i == 3 and ids:  # two posts not yet read are deleted; two arrive beside the cursor's row
+            ahead = [x for x in await table.ordered() if table.key(x) < table.key(ids[-1])][:2]
+            await table.delete(ahead)
+            deleted_at.update(dict.fromkeys(ahead, i))
+            at = table.when[ids[-1]]
+            for new in (ids[-1] + 1, ids[-1] - 1):
+                if new not in table.when:
+                    await table.insert(new, at)
+                    inserted.append(new)
+
+    r.note("40 rows, 6 a page, pages alternating between two replicas; between pages another session:")
+    r.note("after page 1 inserts 3 newer rows; after page 2 deletes 4 rows already read; after page 3 deletes")
+    r.note("the row page 3 ended with; after page 4 deletes 2 rows not yet read and adds 2 tied with page 4's last")
+    got = await _walk(r, replicas, pool, 6, between)
+    flat = [x for p in got for x in p]
+    must = [x for x in start if x not in deleted_at]
+    skipped = [x for x in must if x not in flat]
+    repeated = sorted({x for x in flat if flat.count(x) > 1})
+    page_of = {x: k for k, p in enumerate(got) for x in p}
+    stale = [x for x in flat if x in deleted_at and page_of[x] > deleted_at[x]]
+    disorder = [(a, b) for a, b in zip(flat, flat[1:], strict=False) if a in table.when and b in table.when
+                and not table.key(a) > table.key(b)]  # fmt: skip
+    if not (skipped or repeated or stale or disorder):
+        r.ok(
+            f"{len(got)} pages: every one of the {len(must)} rows that lived throughout came once, in order; "
+            "no deleted row came back"
+        )
+        return
+    seen = f"pages: {_pages_text(got)}"
+    if len(got) >= 4 and cursor_row and len(got[3]) < 6 and skipped:
+        r.fail(
+            f"{seen}. After row {cursor_row['id']} (the last of page 3) was deleted, page 4 came back with "
+            f"{len(got[3])} rows and {len(skipped)} rows were never returned: the cursor must carry the last "
+            "row's sort values (created_at, id) themselves, not an id to look them up by"
+        )
+    if stale:
+        r.fail(
+            f"{seen}. Rows {stale} were deleted before their page was read and still came back: read each page "
+            "from the table as it is now (keyset), not from a list made at the first page"
+        )
+    r.fail(
+        f"{seen}. Repeated {repeated or 'none'}, skipped {skipped or 'none'}"
+        + (f", out of order at {disorder[:2]}" if disorder else "")
+        + ". Rows inserted above the reader pushed rows it had read onto the next page, and rows deleted behind "
+        "it pulled unread rows onto a page it had passed: a position counted in rows (OFFSET) moves when other "
+        "sessions write. Continue from the last row's (created_at, id) instead"
+    )
+
+
+# ----------------------------------------------------------------------------- hash_ring
+
+NODES = [f"node-{i}" for i in range(10)]
+KEYS = [f"user:{i}" for i in range(10_000)]
+
+PROCESS = r"""
+import importlib, json, sys
+spec = json.loads(sys.stdin.read())
+ns = {"__name__": "__learner__"}
+for entry in spec["env"]:
+    try:
+        if entry[0] == "module":
+            ns[entry[1]] = importlib.import_module(entry[2])
+        elif entry[0] == "attr":
+            obj = importlib.import_module(entry[2])
+            for part in entry[3].split("."):
+                obj = getattr(obj, part)
+            ns[entry[1]] = obj
+        else:
+            ns[entry[1]] = entry[2]
+    except Exception:
+        pass
+exec(compile(spec["source"], spec["filename"], "exec"), ns)
+ring = ns["HashRing"]()
+for node in spec["nodes"]:
+    ring.add_node(node)
+print(json.dumps([ring.node_for(k) for k in spec["keys"]]))
+"""
+
+
+def _in_process(r: Report, seed: int, keys: list[str]) -> list[str] | str:
+    """``node_for`` of ``keys`` in a fresh Python started with ``PYTHONHASHSEED=seed``; or what failed."""
+    found = cell_source(r.namespace["HashRing"])
+    if found is None:
+        return "cannot find the cell that defines HashRing; run it again"
+    filename, source = found
+    spec = {"source": source, "filename": filename, "env": _environment(r.namespace, source), "nodes": NODES,
+            "keys": keys}  # fmt: skip
+    env = dict(
+        os.environ, PYTHONHASHSEED=str(seed), PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PROCESS], input=json.dumps(spec), capture_output=True, text=True, timeout=30,
+            cwd=REPO, env=env,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return "the process did not answer within 30 s"
+    if done.returncode != 0:
+        return (done.stderr.strip().splitlines() or ["exited with an error"])[-1][:160]
+    return json.loads(done.stdout)
+
+
+def _build(HashRing, nodes):
+    ring = HashRing()
+    for node in nodes:
+        ring.add_node(node)
+    return ring
+
+
+@task(
+    "hash_ring", points=5, title="a consistent-hash ring with virtual nodes", needs=("HashRing",), timeout=60, seed=911
+)
+async def check_hash_ring(r: Report, HashRing) -> None:
+    import course.sharding
+
+    if HashRing is course.sharding.HashRing:
+        r.fail("HashRing is the course's reference class imported from course.sharding: write your own")
+    ring = _build(HashRing, NODES[:4])
+    sample = KEYS[:1000]
+    first = [ring.node_for(k) for k in sample]
+    strange = sorted({n for n in first if n not in NODES[:4]})
+    r.expect(not strange, "4 nodes: node_for returned one of them for 1,000 keys", f"node_for returned {strange[:3]}")
+    again = [ring.node_for(k) for k in sample]
+    r.expect(again == first, "asked again, every key went to the same node", "asked twice, some keys changed node")
+    if r.public:
+        return
+
+    ten = await asyncio.to_thread(_build, HashRing, NODES)
+    before = await asyncio.to_thread(lambda: [ten.node_for(k) for k in KEYS])
+    counts = {n: before.count(n) for n in NODES}
+    mean = len(KEYS) / len(NODES)
+    worst = max(NODES, key=lambda n: abs(counts[n] - mean))
+    dev = abs(counts[worst] - mean) / mean
+    r.expect(
+        dev <= 0.30,
+        f"10 nodes, 10,000 keys: the worst node ({worst}, {counts[worst]:,} keys) is {dev:.0%} from the mean of "
+        f"{mean:,.0f}",
+        f"10 nodes, 10,000 keys: {worst} got {counts[worst]:,} keys, {dev:.0%} from the mean of {mean:,.0f} "
+        f"(loads {sorted(counts.values())}). With one point per node the arcs are very unequal: give each node "
+        "100-200 points (virtual nodes), each hashed from the node's name and its number",
+    )
+
+    backwards = await asyncio.to_thread(_build, HashRing, NODES[::-1])
+    other = await asyncio.to_thread(lambda: [backwards.node_for(k) for k in KEYS])
+    differ = sum(a != b for a, b in zip(before, other, strict=True))
+    r.expect(
+        differ == 0,
+        "nodes added in the opposite order: every key on the same node",
+        f"nodes added in the opposite order: {differ:,} of 10,000 keys on another node. Placement must depend only "
+        "on the names: hash each point from the node's name (never its position in a list), and break ties by name",
+    )
+
+    copy = await asyncio.to_thread(_build, r.replicas("HashRing", 1)[0], NODES)
+    theirs = await asyncio.to_thread(lambda: [copy.node_for(k) for k in KEYS])
+    r.expect(theirs == before, "a second replica of the answer cell agrees on every key", "a second replica disagrees")
+
+    r.note("two fresh Python processes, PYTHONHASHSEED=1 and PYTHONHASHSEED=2, each builds the 10-node ring")
+    probe = KEYS[:2000]
+    got = await asyncio.gather(*(asyncio.to_thread(_in_process, r, seed, probe) for seed in (1, 2)))
+    for seed, out in zip((1, 2), got, strict=True):
+        if isinstance(out, str):
+            r.fail(f"the process with PYTHONHASHSEED={seed} failed: {out}")
+    apart = sum(a != b for a, b in zip(got[0], got[1], strict=True))
+    r.expect(
+        apart == 0 and got[0] == before[:2000],
+        "both processes placed 2,000 keys exactly as this one did",
+        f"the two processes placed {apart:,} of 2,000 keys on different nodes. Python's hash() of a string is "
+        "salted per process (PYTHONHASHSEED), so two replicas would route one key to two nodes: use a stable "
+        "hash (hashlib.md5/sha1/blake2b, or zlib.crc32) of the encoded string",
+    )
+
+    ten.add_node("node-10")
+    after = await asyncio.to_thread(lambda: [ten.node_for(k) for k in KEYS])
+    moved = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+    share = len(moved) / len(KEYS)
+    sideways = sum(b != "node-10" for a, b in moved)
+    if 0.045 <= share <= 0.16 and sideways == 0:
+        r.ok(f"node-10 joined: {share:.1%} of the keys moved (ideal 1/11 = 9.1%), every one of them to node-10")
+    else:
+        why = ""
+        if sideways > 0.3 * len(KEYS):
+            why = (
+                ". Placement changed for nodes that did not change: hash(key) % len(nodes), or points named after "
+                "a node's position in a list, renumbers everything when one node joins. Place each node at points "
+                "hashed from its name, and give a key to the first point at or after the key's hash"
+            )
+        elif sideways:
+            why = ". Only the new node should take keys (the arcs before its points); the others keep theirs"
+        r.fail(
+            f"node-10 joined: {share:.1%} of 10,000 keys moved (expected about 1/11 = 9.1%), {sideways:,} of them "
+            f"between old nodes{why}"
+        )
+
+    ten.remove_node("node-3")
+    gone = await asyncio.to_thread(lambda: [ten.node_for(k) for k in KEYS])
+    wrongly = sum(a != b for a, b in zip(after, gone, strict=True) if a != "node-3")
+    left = sum(g == "node-3" for g in gone)
+    r.expect(
+        wrongly == 0 and left == 0,
+        "node-3 removed: only its keys moved, spread over the others",
+        f"node-3 removed: {left:,} keys still on it, {wrongly:,} keys of other nodes moved; remove only node-3's "
+        "points and leave every other point where it was",
+    )
