@@ -122,9 +122,7 @@ async def buy(
         return {"status": "sold_out"}
     if claimed is None:  # a repeat: the first call's reservation answers
         async with pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT id, status, payment_id FROM inventory_reservations WHERE key = %s", (key,)
-            )
+            cur = await conn.execute("SELECT id, status, payment_id FROM inventory_reservations WHERE key = %s", (key,))
             return _outcome(await cur.fetchone())
     (rid,) = claimed
     try:

@@ -205,7 +205,7 @@ WRONG_BUY = {
         "oversold",
     ),
     "skip_locked_gives_up": (
-        BUY_FOR_UPDATE.replace("FOR UPDATE\", (sku,))", "FOR UPDATE SKIP LOCKED\", (sku,))").replace(
+        BUY_FOR_UPDATE.replace('FOR UPDATE", (sku,))', 'FOR UPDATE SKIP LOCKED", (sku,))').replace(
             "(stock,) = await cur.fetchone()\n                if stock > 0:",
             "found = await cur.fetchone()\n                stock = found[0] if found else 0\n                if stock > 0:",
         ),
@@ -383,8 +383,9 @@ TRANSFER_UPDATE_ORDER = TRANSFER_ID_ORDER.replace(
 
 # source first (the deadlock-prone order), but the whole transaction is retried on 40P01 / 40001
 TRANSFER_RETRY = (
-    TRANSFER_ID_ORDER.replace("async def transfer(pool, from_id, to_id, amount, key):", "async def _once(pool, from_id, to_id, amount, key):")
-    .replace(
+    TRANSFER_ID_ORDER.replace(
+        "async def transfer(pool, from_id, to_id, amount, key):", "async def _once(pool, from_id, to_id, amount, key):"
+    ).replace(
         """        await conn.execute("SELECT id FROM ledger_accounts WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
                            ([from_id, to_id],))
 """,
@@ -550,8 +551,8 @@ WRONG_TRANSFER = {
     ),
     "no_idempotency": (
         TRANSFER_ID_ORDER.replace(
-            "ON CONFLICT (key) DO NOTHING RETURNING id\",\n            (key, h))",
-            "ON CONFLICT (key) DO NOTHING RETURNING id\",\n            (key + str(id(conn)) + str(asyncio.get_running_loop().time()), h))",
+            'ON CONFLICT (key) DO NOTHING RETURNING id",\n            (key, h))',
+            'ON CONFLICT (key) DO NOTHING RETURNING id",\n            (key + str(id(conn)) + str(asyncio.get_running_loop().time()), h))',
         ),
         "look the key up",
     ),

@@ -1,8 +1,8 @@
 """Hidden checks of chapter 10 (contention and money): ``buy`` and ``transfer``.
 
-Every race is forced, not hoped for. The check holds the contended row itself (a
-connection of its own takes ``SELECT ... FOR NO KEY UPDATE`` and keeps its transaction
-open), starts the concurrent callers, and lets the row go only once every caller that has
+Every race is forced, not hoped for. The check holds the contended row itself
+(:class:`course.chapters.ch10.Race`: a connection of its own takes ``SELECT ... FOR NO KEY
+UPDATE`` and keeps its transaction open), starts the concurrent callers, and lets the row go only once every caller that has
 not finished is waiting on a PostgreSQL lock (counted in ``pg_locks``,
 :data:`course.kit.lab.LOCK_WAITERS`). So a read-then-write lets every buyer read the same
 stock, on every run. For the opposite-direction transfers the callers start in two waves:
@@ -19,8 +19,6 @@ read from PostgreSQL itself at the end.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 from collections import Counter
 from decimal import Decimal
 
@@ -28,9 +26,9 @@ import psycopg
 
 from autograder.harness import Report, error_line, task
 from course import inventory, ledger
+from course.chapters.ch10 import Race
 from course.idempotency import IdempotencyKeyReused, SimulatedCrash
 from course.kit import lab
-from course.kit.lab import LOCK_WAITERS
 
 try:
     from autograder.rules import Rule
@@ -48,63 +46,6 @@ except ImportError:  # the rule tables' module lands from another branch
 REPLICAS = 2
 SETTLE_LIMIT = 3.0  # real seconds a wave may take to be held before the check moves on anyway
 IN_PROCESS = "state kept in one process is not shared"
-
-
-# ----------------------------------------------------------------------------- the forced race
-
-
-class Race:
-    """Concurrent callers held on a row the check has locked, released once all of them wait."""
-
-    def __init__(self, ns, table: str, where: str, params: tuple) -> None:
-        self.ns, self.table, self.where, self.params = ns, table, where, params
-        self.tasks: list[asyncio.Task] = []
-        self.stalls = 0
-
-    async def __aenter__(self) -> Race:
-        self.watcher = await psycopg.AsyncConnection.connect(self.ns.database_url, autocommit=True)
-        self.locker = await psycopg.AsyncConnection.connect(self.ns.database_url, autocommit=True)
-        await self.locker.execute("BEGIN")
-        await self.locker.execute(f"SELECT 1 FROM {self.table} WHERE {self.where} FOR NO KEY UPDATE", self.params)
-        self.released = False
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        with contextlib.suppress(Exception):
-            await self.release()
-        for t in self.tasks:
-            if not t.done():
-                t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.locker.close()
-        await self.watcher.close()
-
-    def start(self, calls) -> None:
-        self.tasks += [asyncio.create_task(c) for c in calls]
-
-    async def held(self) -> None:
-        """Wait until every unfinished caller waits on a PostgreSQL lock (or SETTLE_LIMIT passes)."""
-        deadline = time.monotonic() + SETTLE_LIMIT
-        while True:
-            await asyncio.sleep(0.005)
-            running = sum(not t.done() for t in self.tasks)
-            cur = await self.watcher.execute(LOCK_WAITERS)
-            (blocked,) = await cur.fetchone()
-            if blocked >= running:
-                return
-            if time.monotonic() > deadline:
-                self.stalls += 1
-                return
-
-    async def release(self) -> None:
-        if not self.released:
-            self.released = True
-            await self.locker.execute("COMMIT")
-
-    async def results(self) -> list:
-        await self.held()
-        await self.release()
-        return await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 def _kinds(outcomes) -> str:
@@ -158,9 +99,7 @@ class Payments:
             (open_tx,) = await cur.fetchone()
             try:
                 await probe.execute("BEGIN")
-                await probe.execute(
-                    "SELECT 1 FROM inventory_items WHERE sku = %s FOR NO KEY UPDATE NOWAIT", (sku,)
-                )
+                await probe.execute("SELECT 1 FROM inventory_items WHERE sku = %s FOR NO KEY UPDATE NOWAIT", (sku,))
                 locked = False
             except psycopg.errors.LockNotAvailable:
                 locked = True
@@ -221,7 +160,7 @@ async def _check_buy(r: Report, buy, pool, ns) -> None:
     stock, res = await _stock(pool, "mug"), await _reservations(pool, "mug")
     r.expect(
         stock == 0 and res == {"paid": 1},
-        f"stock 0, one reservation 'paid' in inventory_reservations",
+        "stock 0, one reservation 'paid' in inventory_reservations",
         f"after one purchase: stock {stock}, reservations {res}; expected stock 0 and {{'paid': 1}}",
     )
     got = await buy(pool, "mug", "bob", "bob-1", pay)
@@ -257,10 +196,8 @@ async def _check_flash(r: Report, replicas, pool, ns, stock0: int, n: int) -> No
         f"{n} buyers of {stock0} unit(s) of '{sku}' at once, alternating between two replicas of buy; the check holds "
         "the stock row until every buyer waits on a lock, then lets it go"
     )
-    async with Race(ns, "inventory_items", "sku = %s", (sku,)) as race:
-        race.start(
-            _call_buy(replicas[i % REPLICAS], pool, sku, f"buyer-{i}", f"{sku}-key-{i}", pay) for i in range(n)
-        )
+    async with Race(ns, "inventory_items", "sku = %s", (sku,), limit=SETTLE_LIMIT) as race:
+        race.start(_call_buy(replicas[i % REPLICAS], pool, sku, f"buyer-{i}", f"{sku}-key-{i}", pay) for i in range(n))
         results = await race.results()
     stock, res = await _stock(pool, sku), await _reservations(pool, sku)
     paid = res.get("paid", 0)
@@ -378,7 +315,7 @@ async def _check_same_key(r: Report, replicas, pool, ns) -> None:
     await inventory.stock_item(pool, sku, 5)
     pay = Payments()
     r.note(f"{n} retries of one purchase (key 'zed-1') at once, alternating replicas; 5 units in stock")
-    async with Race(ns, "inventory_items", "sku = %s", (sku,)) as race:
+    async with Race(ns, "inventory_items", "sku = %s", (sku,), limit=SETTLE_LIMIT) as race:
         race.start(_call_buy(replicas[i % REPLICAS], pool, sku, "zed", "zed-1", pay) for i in range(n))
         results = await race.results()
     errors = [x for x in results if isinstance(x, BaseException)]
@@ -451,7 +388,7 @@ def _books(rec: dict) -> str:
 async def check_transfer(r: Report, transfer) -> None:
     async with lab.scratch("ch10") as ns:
         with psycopg.connect(ns.servers.database_url, autocommit=True) as admin:
-            admin.execute(f'ALTER DATABASE "{ns.name}" SET deadlock_timeout = \'20ms\'')
+            admin.execute(f"ALTER DATABASE \"{ns.name}\" SET deadlock_timeout = '20ms'")
         pool = await ns.pool(max_size=20)
         await ledger.setup_schema(pool)
         await ledger.open_account(pool, BANK, "bank", allow_negative=True)
@@ -527,7 +464,9 @@ async def _check_transfer(r: Report, transfer, pool, ns) -> None:
         n = await _counts(pool)
         got = await _call_transfer(transfer, pool, a, b, amount, key)
         moved = (await _counts(pool)) != n or (await _balances(pool)) != after
-        right = isinstance(got, ledger.InsufficientFunds) if want == "InsufficientFunds" else isinstance(got, ValueError)
+        right = (
+            isinstance(got, ledger.InsufficientFunds) if want == "InsufficientFunds" else isinstance(got, ValueError)
+        )
         what = f"raised {error_line(got)}" if isinstance(got, BaseException) else f"returned {got!r}"
         r.expect(
             right and not moved,
@@ -559,10 +498,8 @@ async def _check_opposite(r: Report, replicas, pool, ns) -> None:
         "8 transfers at once between accounts 1 and 2, 4 each way, alternating replicas; the check holds account 2 "
         "until the 2 -> 1 wave waits on it, then starts the 1 -> 2 wave and releases account 2 once it waits too"
     )
-    async with Race(ns, "ledger_accounts", "id = %s", (BOB,)) as race:
-        race.start(
-            _call_transfer(replicas[i % REPLICAS], pool, BOB, ALICE, amounts[i], f"opp-{i}") for i in range(4)
-        )
+    async with Race(ns, "ledger_accounts", "id = %s", (BOB,), limit=SETTLE_LIMIT) as race:
+        race.start(_call_transfer(replicas[i % REPLICAS], pool, BOB, ALICE, amounts[i], f"opp-{i}") for i in range(4))
         await race.held()
         race.start(
             _call_transfer(replicas[i % REPLICAS], pool, ALICE, BOB, amounts[i], f"opp-{i}") for i in range(4, 8)
@@ -601,7 +538,7 @@ async def _check_overdraft_race(r: Report, replicas, pool, ns) -> None:
         f"3 transfers of 60 at once from account 3 (holding {carol}, no overdraft) to account 4, alternating "
         "replicas; the check holds account 3 until all three wait"
     )
-    async with Race(ns, "ledger_accounts", "id = %s", (CAROL,)) as race:
+    async with Race(ns, "ledger_accounts", "id = %s", (CAROL,), limit=SETTLE_LIMIT) as race:
         race.start(_call_transfer(replicas[i % REPLICAS], pool, CAROL, DAVE, 60, f"od-{i}") for i in range(3))
         results = await race.results()
     left = (await _balances(pool))[CAROL]
