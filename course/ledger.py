@@ -179,13 +179,13 @@ async def reconcile(pool) -> dict:
             "LEFT JOIN ledger_postings p ON p.transfer_id = t.id GROUP BY t.id "
             "HAVING coalesce(sum(p.amount), 0) <> 0 ORDER BY t.id"
         )
-        unbalanced = [tuple(r) for r in await cur.fetchall()]
+        unbalanced = [(tid, int(total)) for tid, total in await cur.fetchall()]
         cur = await conn.execute(
             "SELECT a.id, a.balance, coalesce(sum(p.amount), 0) FROM ledger_accounts a "
             "LEFT JOIN ledger_postings p ON p.account_id = a.id GROUP BY a.id "
             "HAVING a.balance <> coalesce(sum(p.amount), 0) ORDER BY a.id"
         )
-        drifted = [tuple(r) for r in await cur.fetchall()]
+        drifted = [(aid, int(cached), int(posted)) for aid, cached, posted in await cur.fetchall()]
         cur = await conn.execute("SELECT coalesce(sum(amount), 0) FROM ledger_postings")
         (total,) = await cur.fetchone()
     return {"unbalanced": unbalanced, "drifted": drifted, "total": int(total)}

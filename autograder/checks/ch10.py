@@ -230,10 +230,11 @@ async def _check_flash(r: Report, replicas, pool, ns, stock0: int, n: int) -> No
         f"({stock0} paid, stock 0): a buyer who could not get the row at once must wait for it, not give up",
     )
     statuses = Counter(_status(x) for x in results)
+    told = ", ".join(f"{k!r}: {v}" for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0])))
     r.expect(
         statuses == Counter({"paid": stock0, "sold_out": n - stock0}),
-        f"the buyers were told {dict(statuses)}",
-        f"the buyers were told {dict(statuses)}; expected {stock0} x 'paid' and {n - stock0} x 'sold_out'",
+        f"the buyers were told {{{told}}}",
+        f"the buyers were told {{{told}}}; expected {stock0} x 'paid' and {n - stock0} x 'sold_out'",
     )
 
 
@@ -252,7 +253,11 @@ async def _check_payment_failures(r: Report, buy, pool) -> None:
         "'released' and the unit back in stock (1) for the next buyer",
     )
     got = await _call_buy(buy, pool, "lamp", "dee", "dee-1", pay)
-    r.expect(_status(got) == "paid", f"the next buyer then bought it: {got!r}")
+    r.expect(
+        _status(got) == "paid",
+        "the next buyer then bought it ('paid')",
+        f"the next buyer then got {got!r}; expected 'paid' (the unit should be back on sale)",
+    )
 
     # --- the process dies during the payment: the reaper returns the unit after the deadline ----
     await inventory.stock_item(pool, "kite", 1)

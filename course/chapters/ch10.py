@@ -272,6 +272,24 @@ def plot_aborts(loads: list[Load]):
     return fig
 
 
+# ----------------------------------------------------------------------------- the ledger's demo accounts
+
+
+async def fresh_ledger(pool, accounts: dict[int, tuple[str, int]]) -> None:
+    """Start the ledger over (every run of the notebook reads the same): drop its tables, create
+    them again, open ``accounts`` ({id: (name, opening balance)}) funded from a bank account (id 0)."""
+    from course import ledger
+
+    async with pool.connection() as conn:
+        await conn.execute("DROP TABLE IF EXISTS ledger_postings, ledger_transfers, ledger_accounts")
+    await ledger.setup_schema(pool)
+    await ledger.open_account(pool, 0, "bank", allow_negative=True)
+    for account_id, (name, opening) in accounts.items():
+        await ledger.open_account(pool, account_id, name)
+        if opening:
+            await ledger.transfer(pool, 0, account_id, opening, f"open-{account_id}")
+
+
 # ----------------------------------------------------------------------------- a deadlock, step by step
 
 
@@ -381,11 +399,10 @@ def plot_hot_row(rates: dict[int, float], workers: int, hold_ms: float):
     labels = [("one row" if b == 1 else f"{b} buckets") for b in rates]
     bars = ax.barh(labels[::-1], list(rates.values())[::-1], color=[COLORS["fix"]] * (len(rates) - 1) + [COLORS["bad"]])
     ax.bar_label(bars, labels=[f"{v:.0f}/s" for v in list(rates.values())[::-1]], padding=3)
-    ceiling = 1000 / hold_ms
-    ax.axvline(ceiling, color=COLORS["neutral"], linestyle=":", label=f"one row's ceiling: 1000/{hold_ms:g} ms")
-    ax.set_xlabel(f"purchases per second, {workers} concurrent buyers, each holding its row lock {hold_ms:g} ms")
-    ax.set_xlim(0, max(max(rates.values()), ceiling) * 1.3)
-    legend_outside(ax)
+    ax.set_xlabel(
+        f"purchases per second, {workers} concurrent buyers, each holding its row lock {hold_ms:g} ms or more"
+    )
+    ax.set_xlim(0, max(rates.values()) * 1.3)
     return fig
 
 
