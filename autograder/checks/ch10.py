@@ -568,7 +568,7 @@ async def _check_overdraft_race(r: Report, replicas, pool, ns) -> None:
 RULES: dict[str, list[Rule]] = {
     "buy": [
         Rule(
-            "never sell more units than the stock",
+            "Never sell more units than the stock",
             "_check_flash: 8 buyers of 1 and of 3 units held on the stock row until all wait, across two replicas; "
             "counts reservations and stock in PostgreSQL",
             wrong="read_then_write",
@@ -589,7 +589,7 @@ RULES: dict[str, list[Rule]] = {
             wrong="no_release_on_failure",
         ),
         Rule(
-            "set `expires_at = now() + HOLD_SECONDS`",
+            "Set `expires_at = now() + HOLD_SECONDS`",
             "_check_payment_failures: the buyer crashes in pay; the reaper runs a minute before and after the deadline",
             wrong="no_deadline",
         ),
