@@ -1,14 +1,16 @@
 """A double-entry ledger that balances under concurrency (chapter 10).
 
 Every movement of money is a **transfer**: one row in ``ledger_transfers`` and postings in
-``ledger_postings`` that sum to zero (minus on one account, plus on the other). Postings are
+``ledger_postings`` that sum to zero (minus on one account, plus on the other; a deferred
+constraint trigger refuses, at commit, a transfer that does not). Postings are
 **append-only** (a trigger refuses UPDATE and DELETE): a mistake is corrected by a new,
 opposite transfer, never by editing history. Amounts are **integers in minor units**
 (cents); a float or a Decimal is refused before it reaches the database.
 
 Each account caches its balance (``ledger_accounts.balance``), updated in the same
 transaction as the postings; the overdraft check is the ``WHERE`` of that update
-(``balance >= amount``), so it holds under any concurrency. Both accounts are locked **in
+(``balance >= amount``), so it holds under any concurrency; a ``CHECK`` on the account is
+the backstop for code that forgets it. Both accounts are locked **in
 id order**, so two transfers in opposite directions never wait on each other in a cycle
 (the deadlock the chapter shows live). The transfer row carries the caller's idempotency
 key under a unique constraint: a retried transfer finds the first one (chapter 03's claim),
@@ -33,7 +35,9 @@ CREATE TABLE IF NOT EXISTS ledger_accounts (
     id             bigint PRIMARY KEY,
     name           text NOT NULL,
     balance        bigint NOT NULL DEFAULT 0,
-    allow_negative boolean NOT NULL DEFAULT false
+    allow_negative boolean NOT NULL DEFAULT false,
+    -- the backstop: code that skips the overdraft check fails here instead of going negative
+    CONSTRAINT ledger_no_overdraft CHECK (allow_negative OR balance >= 0)
 );
 CREATE TABLE IF NOT EXISTS ledger_transfers (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -58,6 +62,28 @@ END $$;
 CREATE OR REPLACE TRIGGER ledger_postings_append_only
     BEFORE UPDATE OR DELETE OR TRUNCATE ON ledger_postings
     FOR EACH STATEMENT EXECUTE FUNCTION ledger_postings_append_only();
+
+-- checked at COMMIT, when all of a transfer's postings are in: a transfer that does not sum to
+-- zero cannot commit
+CREATE OR REPLACE FUNCTION ledger_transfer_balances() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    total numeric;
+BEGIN
+    SELECT sum(amount) INTO total FROM ledger_postings WHERE transfer_id = NEW.transfer_id;
+    IF total <> 0 THEN
+        RAISE EXCEPTION 'transfer % does not balance: its postings sum to %, not 0', NEW.transfer_id, total
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NULL;
+END $$;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'ledger_transfer_balances'
+                   AND tgrelid = 'ledger_postings'::regclass) THEN
+        CREATE CONSTRAINT TRIGGER ledger_transfer_balances AFTER INSERT ON ledger_postings
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ledger_transfer_balances();
+    END IF;
+END $$;
 """
 
 

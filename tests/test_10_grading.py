@@ -505,7 +505,7 @@ WRONG_TRANSFER = {
         await conn.execute("UPDATE ledger_accounts SET balance = balance - %s WHERE id = %s", (amount, from_id))
 """,
         ),
-        "went to -",
+        "only the table's CHECK",
     ),
     "source_first_no_retry": (
         TRANSFER_ID_ORDER.replace(

@@ -135,20 +135,34 @@ def test_transfer_balances_refuses_bad_amounts_and_is_idempotent(ns):
     assert run(ns, go) == {"unbalanced": [], "drifted": [], "total": 0}
 
 
-def test_reconcile_finds_a_drifted_balance_and_an_unbalanced_transfer(ns):
+def test_reconcile_finds_a_drifted_balance_the_constraints_cannot_see(ns):
     async def go(pool):
         await ch10.fresh_ledger(pool, {1: ("a", 1_000), 2: ("b", 0)})
         async with pool.connection() as conn:
             await conn.execute("UPDATE ledger_accounts SET balance = balance + 5 WHERE id = 2")
-            cur = await conn.execute("INSERT INTO ledger_transfers (key, request_hash) VALUES ('x', '-') RETURNING id")
-            (tid,) = await cur.fetchone()
-            await conn.execute(
-                "INSERT INTO ledger_postings (transfer_id, account_id, amount) VALUES (%s, 1, 7)", (tid,)
-            )
-        return tid, await ledger.reconcile(pool)
+        return await ledger.reconcile(pool)
 
-    tid, found = run(ns, go)
-    assert found == {"unbalanced": [(tid, 7)], "drifted": [(1, 1_000, 1_007), (2, 5, 0)], "total": 7}
+    assert run(ns, go) == {"unbalanced": [], "drifted": [(2, 5, 0)], "total": 0}
+
+
+def test_the_schema_refuses_an_overdraft_and_a_transfer_that_does_not_balance(ns):
+    async def go(pool):
+        await ch10.fresh_ledger(pool, {1: ("a", 1_000), 2: ("b", 0)})
+        async with pool.connection() as conn:
+            with pytest.raises(psycopg.errors.CheckViolation, match="ledger_no_overdraft"):
+                await conn.execute("UPDATE ledger_accounts SET balance = balance - 1001 WHERE id = 1")
+            with pytest.raises(psycopg.errors.CheckViolation, match="does not balance"):
+                async with conn.transaction():
+                    cur = await conn.execute(
+                        "INSERT INTO ledger_transfers (key, request_hash) VALUES ('x', '-') RETURNING id"
+                    )
+                    (tid,) = await cur.fetchone()
+                    await conn.execute(
+                        "INSERT INTO ledger_postings (transfer_id, account_id, amount) VALUES (%s, 1, 7)", (tid,)
+                    )
+        return await ledger.reconcile(pool)
+
+    assert run(ns, go) == {"unbalanced": [], "drifted": [], "total": 0}
 
 
 def test_opposite_lock_order_deadlocks_and_id_order_does_not(ns):

@@ -527,11 +527,13 @@ async def _check_opposite(r: Report, replicas, pool, ns) -> None:
     moved = sum(amounts[4:]) - sum(amounts[:4])
     want = {ALICE: before[ALICE] - moved, BOB: before[BOB] + moved}
     rec = await ledger.reconcile(pool)
+    right = after[ALICE] == want[ALICE] and after[BOB] == want[BOB]
     r.expect(
-        after[ALICE] == want[ALICE] and after[BOB] == want[BOB] and not rec["drifted"] and not rec["unbalanced"],
+        right and not rec["drifted"] and not rec["unbalanced"],
         f"balances {after[ALICE]}/{after[BOB]} as expected, and each equals the sum of its postings",
-        f"after 8 concurrent transfers: balances {after[ALICE]}/{after[BOB]}, expected {want[ALICE]}/{want[BOB]}"
-        + (f"; {_books(rec)}" if _books(rec) else "")
+        # what a lost update leaves depends on which write came last: the line names the fact, not the numbers
+        f"after 8 concurrent transfers the cached balances of accounts 1 and 2 are not {want[ALICE]}/{want[BOB]}"
+        + (", and they differ from the sums of their postings" if rec["drifted"] else "")
         + ": an update was lost. Change the balance in SQL (balance = balance - %s), not by writing back a value "
         "read earlier",
     )
@@ -549,11 +551,14 @@ async def _check_overdraft_race(r: Report, replicas, pool, ns) -> None:
     left = (await _balances(pool))[CAROL]
     ok = [x for x in results if _is_int(x)]
     refused = [x for x in results if isinstance(x, ledger.InsufficientFunds)]
-    if left < 0:
+    backstop = [x for x in results if isinstance(x, psycopg.errors.CheckViolation)]
+    if backstop:
         r.fail(
-            f"account 3 went to {left}: {len(ok)} of 3 transfers of 60 went through on {carol}. Each read the "
-            "balance, saw enough, and subtracted; put the check in the update's WHERE "
-            "(... SET balance = balance - %s WHERE id = %s AND balance >= %s) or lock the row before reading it"
+            f"3 transfers of 60 from {carol}: {_kinds(results)}. Your code let {len(backstop)} overdraft(s) through "
+            "and only the table's CHECK (allow_negative OR balance >= 0) stopped them: each transfer read the "
+            "balance, saw enough, and subtracted. Put the check in the update's WHERE (... SET balance = balance - "
+            "%s WHERE id = %s AND (allow_negative OR balance >= %s)) or lock the row before reading it, and raise "
+            "InsufficientFunds"
         )
     r.expect(
         len(ok) == 1 and len(refused) == 2 and left == carol - 60,
@@ -613,7 +618,8 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "postings that sum to zero",
-            "_check_transfer: reads the postings of the returned id; ledger.reconcile at the end",
+            "_check_transfer: reads the postings of the returned id (the schema's deferred trigger also refuses "
+            "an unbalanced transfer at commit); ledger.reconcile at the end",
             wrong="one_posting",
         ),
         Rule(
@@ -623,7 +629,8 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "may not go below zero",
-            "_check_overdraft_race: 3 transfers of 60 from 100, held on the account row until all wait",
+            "_check_overdraft_race: 3 transfers of 60 from 100, held on the account row until all wait; a "
+            "CheckViolation from the table's backstop CHECK means the code let an overdraft through",
             wrong="python_balance_check",
         ),
         Rule(
