@@ -44,7 +44,7 @@ except ImportError:  # the rule tables' module lands from another branch
 
 
 REPLICAS = 2
-SETTLE_LIMIT = 3.0  # real seconds a wave may take to be held before the check moves on anyway
+SETTLE_LIMIT = 2.0  # real seconds a wave may take to be held before the check moves on anyway (as chapter 03)
 IN_PROCESS = "state kept in one process is not shared"
 
 
