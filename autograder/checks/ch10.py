@@ -48,11 +48,18 @@ SETTLE_LIMIT = 2.0  # real seconds a wave may take to be held before the check m
 IN_PROCESS = "state kept in one process is not shared"
 
 
+def _kind(x) -> str:
+    if isinstance(x, BaseException):
+        return type(x).__name__
+    if isinstance(x, dict):
+        return repr(x.get("status"))
+    if isinstance(x, int) and not isinstance(x, bool):
+        return "a transfer id"  # which caller got which id depends on who won: not part of the line
+    return repr(x)
+
+
 def _kinds(outcomes) -> str:
-    counts = Counter(
-        type(x).__name__ if isinstance(x, BaseException) else repr(x.get("status") if isinstance(x, dict) else x)
-        for x in outcomes
-    )
+    counts = Counter(_kind(x) for x in outcomes)
     return ", ".join(f"{n} x {what}" for what, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
