@@ -302,7 +302,7 @@ async def _check_send_message(r: Report, send_message, pool, watcher, ns) -> Non
     r.expect(
         got == [1, 2, 3],
         "3 messages in conversation c-1 returned 1, 2, 3",
-        f"3 messages in a new conversation returned {got}, expected [1, 2, 3]: the numbers count the "
+        f"3 messages in a new conversation returned {_shown(got)}, expected [1, 2, 3]: the numbers count the "
         "conversation's messages from 1, with no gaps (a timestamp or a global id is not a sequence number)",
     )
     other = await send_message(pool, "c-2", "bob", "hi")
@@ -350,11 +350,16 @@ async def _check_send_message(r: Report, send_message, pool, watcher, ns) -> Non
     by_body = {b: s for s, b in rows}
     matches = all(by_body.get(f"m{i}") == x for i, x in enumerate(results) if not isinstance(x, BaseException))
     ok = not errors and returned == list(range(1, 11)) and _gapless(rows) and len(rows) == 10 and matches
+    seen = (
+        "some raised or repeated a number (how many varies: the senders that waited in the process raced "
+        "after the release)"
+        if crowd.stalls
+        else f"{tally(results, ok='a number')}; returned {returned}; stored seqs {[s for s, _ in rows]}"
+    )
     r.expect(
         ok,
         "10 concurrent sends on two replicas: numbers 1..10, each once, each stored with its message",
-        f"10 concurrent sends on two replicas: {tally(results, ok='a number')}; returned {returned}; stored seqs "
-        f"{[s for s, _ in rows]}. Senders that read max(seq) (or a counter) before any of them wrote all "
+        f"10 concurrent sends on two replicas: {seen}. Senders that read max(seq) (or a counter) before any of them wrote all "
         "picked the same number; a lock held in one process does not stop the other replica. Take the "
         "number with one statement that locks the conversation's counter row (UPDATE ... RETURNING), in the "
         "transaction that inserts the message",
@@ -442,6 +447,13 @@ async def _check_send_message(r: Report, send_message, pool, watcher, ns) -> Non
         "each conversation numbered its own messages 1..n, gap-free",
         f"24 concurrent sends to 4 conversations ({tally(results, ok='a number')}): " + "; ".join(bad[:2]),
     )
+
+
+def _shown(values: list) -> str:
+    """``values``, or their size when they are timestamps (which differ on every run)."""
+    if all(isinstance(v, int) and abs(v) < 10**6 for v in values):
+        return str(values)
+    return f"{len(values)} numbers of {len(str(max(values, key=lambda v: len(str(v)))))} digits"
 
 
 async def _try_value(call):
