@@ -58,3 +58,16 @@ async def gap_fill(pool, conversation: str, pushes: list[int]) -> tuple[list[int
     for seq in pushes:
         await client.receive(seq)
     return client.shown, client.fetches
+
+
+def outcomes(results: list) -> str:
+    """``numbers [1], errors: 7 x UniqueViolation``: what concurrent sends returned and raised."""
+    numbers = sorted(x for x in results if isinstance(x, int))
+    errors: dict[str, int] = {}
+    for x in results:
+        if isinstance(x, BaseException):
+            errors[type(x).__name__] = errors.get(type(x).__name__, 0) + 1
+    text = f"numbers {numbers}"
+    if errors:
+        text += ", errors: " + ", ".join(f"{n} x {name}" for name, n in errors.items())
+    return text
