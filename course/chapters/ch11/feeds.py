@@ -117,7 +117,7 @@ async def compare(redis, prefix: str, g: Graph, *, posts: int, reads: int, celeb
                for i in range(posts)]  # one post in ten by a celebrity
     readers = [rand.randrange(g.users) for _ in range(reads)]
     strategies = dict(STRATEGIES)
-    strategies[f"hybrid (no fan-out above {celebrity_threshold:,} followers)"] = celebrity_threshold
+    strategies[f"hybrid (pull above {celebrity_threshold:,} followers)"] = celebrity_threshold
     runs = []
     expected = None
     for name, threshold in strategies.items():
@@ -143,11 +143,11 @@ async def compare(redis, prefix: str, g: Graph, *, posts: int, reads: int, celeb
 
 
 def table(runs: list[FeedRun]) -> list[str]:
-    lines = [f"{'strategy':48} {'writes/post':>11} {'max':>6} {'publish p99':>11} {'read p50':>9} "
+    lines = [f"{'strategy':42} {'writes/post':>11} {'max':>6} {'publish p99':>11} {'read p50':>9} "
              f"{'read p99':>9} {'cmds/read':>9}"]
     for r in runs:
         lines.append(
-            f"{r.strategy:48} {r.mean_writes:>11.1f} {max(r.writes):>6,} {pct(r.publish_ms, 99):>9.2f}ms "
+            f"{r.strategy:42} {r.mean_writes:>11.1f} {max(r.writes):>6,} {pct(r.publish_ms, 99):>9.2f}ms "
             f"{pct(r.read_ms, 50):>7.2f}ms {pct(r.read_ms, 99):>7.2f}ms "
             f"{sum(r.read_commands) / len(r.read_commands):>9.1f}"
         )
