@@ -29,19 +29,32 @@ async def skewed_conversation(pool, conversation: str, skew: dict[str, float]) -
     return out
 
 
-async def max_plus_one(pool, conversation_id: str, sender: str, body: str) -> int:
-    """The number from ``max(seq) + 1``, read without a lock: two senders read the same max."""
+async def max_plus_one(pool, conversation_id: str, sender: str, body: str, *, after_read=None) -> int:
+    """The number from ``max(seq) + 1``, read without a lock. ``after_read`` (awaited between the
+    read and the insert) lets a demo hold every sender there, so they all read the same max."""
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
             "SELECT coalesce(max(seq), 0) + 1 FROM chat_messages WHERE conversation_id = %s", (conversation_id,)
         )
         (seq,) = await cur.fetchone()
-        await asyncio.sleep(0.01)  # the time between reading and writing: a network hop, a GC pause
+        if after_read is not None:
+            await after_read()
         await conn.execute(
             "INSERT INTO chat_messages (conversation_id, seq, sender, body) VALUES (%s, %s, %s, %s)",
             (conversation_id, seq, sender, body),
         )
     return seq
+
+
+def racing_max_plus_one(senders: int):
+    """``max_plus_one`` whose callers wait for each other after their read (an ``asyncio.Barrier``
+    of ``senders``): the window between read and write, made as wide as a busy server makes it."""
+    barrier = asyncio.Barrier(senders)
+
+    async def send(pool, conversation_id: str, sender: str, body: str) -> int:
+        return await max_plus_one(pool, conversation_id, sender, body, after_read=barrier.wait)
+
+    return send
 
 
 async def race(pool, send, conversation: str, senders: int = 8) -> list:
