@@ -102,10 +102,20 @@ async def test_11_notifications_dedup_throttle_retry_and_dead_letter(ans):
         notify.Request("n2", "bob", "comment", 0.0),  # push is down: retried, then dead-lettered
         notify.Request("n3", "cid", "marketing", 0.0, local_hour=23),  # held until morning
     ]
-    providers = {"sms": notify.Provider("sms"), "push": notify.Provider("push", outage=(0, 100)),
-                 "email": notify.Provider("email")}
-    run = await notify.run_pipeline(pool, ans.redis(), ans.key_prefix, reqs, providers,
-                                    rates={"sms": (1, 1.0), "push": (1, 1.0), "email": (1, 1.0)}, max_attempts=3)
+    providers = {
+        "sms": notify.Provider("sms"),
+        "push": notify.Provider("push", outage=(0, 100)),
+        "email": notify.Provider("email"),
+    }
+    run = await notify.run_pipeline(
+        pool,
+        ans.redis(),
+        ans.key_prefix,
+        reqs,
+        providers,
+        rates={"sms": (1, 1.0), "push": (1, 1.0), "email": (1, 1.0)},
+        max_attempts=3,
+    )
     assert run.count("duplicate") == 1 and run.count("held for quiet hours") == 1
     assert run.count("sent", "otp") == 1 and run.count("failed, will retry") == 2
     assert [d["reason"] for d in run.dead] == ["exhausted"] and run.dead[0]["attempts"] == "3"

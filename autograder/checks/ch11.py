@@ -79,9 +79,7 @@ def _diff(got: dict, want: dict) -> str:
 
 
 def _verdict(got: dict, want: dict) -> str:
-    more = sum(max(0, got.get(k, 0) - v) for k, v in want.items()) + sum(
-        v for k, v in got.items() if k not in want
-    )
+    more = sum(max(0, got.get(k, 0) - v) for k, v in want.items()) + sum(v for k, v in got.items() if k not in want)
     less = sum(max(0, v - got.get(k, 0)) for k, v in want.items())
     if more and not less:
         return f"{more} view(s) counted twice"
@@ -98,8 +96,14 @@ async def _try(call):
         return err
 
 
-@task("view_counter", points=6, title="a batched view counter shared by two replicas", needs=("ViewCounter",),
-      timeout=60, seed=1101)
+@task(
+    "view_counter",
+    points=6,
+    title="a batched view counter shared by two replicas",
+    needs=("ViewCounter",),
+    timeout=60,
+    seed=1101,
+)
 async def check_view_counter(r: Report, ViewCounter) -> None:
     async with lab.scratch("ch11") as ns:
         pool = await ns.pool(max_size=12)
@@ -234,7 +238,7 @@ async def _check_view_counter(r: Report, ViewCounter, pool, watcher, ns) -> None
     got = await _counts(pool)
     r.expect(
         got == dict(want),
-        "two flushes of one row at once: both counted (v2 = %d)" % want["v2"],
+        f"two flushes of one row at once: both counted (v2 = {want['v2']})",
         f"two replicas flushed v2 at once: {_diff(got, want)}; {_verdict(got, want)}. Reading the total and "
         "writing total + delta loses one replica's flush (a lost update): add in the database, "
         "views = views + delta",
@@ -284,8 +288,7 @@ def _gapless(rows) -> bool:
     return [s for s, _ in rows] == list(range(1, len(rows) + 1))
 
 
-@task("send_message", points=6, title="per-conversation sequence numbers across two replicas", timeout=60,
-      seed=1102)
+@task("send_message", points=6, title="per-conversation sequence numbers across two replicas", timeout=60, seed=1102)
 async def check_send_message(r: Report, send_message) -> None:
     async with lab.scratch("ch11") as ns:
         pool = await ns.pool(max_size=16)
@@ -438,7 +441,9 @@ async def _check_send_message(r: Report, send_message, pool, watcher, ns) -> Non
     bad = []
     for conv in convs:
         rows = await _seqs(pool, conv)
-        mine = sorted(x for (c, _), x in zip(plan, results, strict=True) if c == conv and not isinstance(x, BaseException))
+        mine = sorted(
+            x for (c, _), x in zip(plan, results, strict=True) if c == conv and not isinstance(x, BaseException)
+        )
         n = sum(1 for c, _ in plan if c == conv)
         if not (_gapless(rows) and len(rows) == n and mine == list(range(1, n + 1))):
             bad.append(f"{conv}: {n} sends returned {mine}, stored {[s for s, _ in rows]}")
@@ -473,7 +478,7 @@ RULES: dict[str, list[Rule]] = {
             wrong="one UPDATE per view",
         ),
         Rule(
-            "the view that fills the buffer to max_views flushes it",
+            "The view that fills the buffer to max_views flushes it",
             "check_view_counter: the 10th view must put all 10 in view_counts without a flush() call",
             wrong="flushes only on close",
         ),
@@ -483,17 +488,17 @@ RULES: dict[str, list[Rule]] = {
             wrong="close drops the buffer",
         ),
         Rule(
-            "views that arrive while a flush is writing are not lost",
+            "Views that arrive while a flush is writing are not lost",
             "check_view_counter: holds v1's row during a flush and adds 15 views meanwhile",
             wrong="clear after the write",
         ),
         Rule(
-            "two replicas flushing the same item at the same time must both count",
+            "Two replicas flushing the same item at the same time must both count",
             "check_view_counter: holds v2's row until both replicas' flushes wait on it, then compares totals",
             wrong="read, then write the total",
         ),
         Rule(
-            "a flush the database refuses keeps its views",
+            "A flush the database refuses keeps its views",
             "check_view_counter: the 2nd row of a flush fails once; the retry must count each view once",
             wrong="drop the batch on failure",
         ),
@@ -510,7 +515,7 @@ RULES: dict[str, list[Rule]] = {
     ],
     "send_message": [
         Rule(
-            "the first message of a conversation gets 1",
+            "The first message of a conversation gets 1",
             "check_send_message: 3 sends to a new conversation must return 1, 2, 3",
             wrong="timestamp as order",
         ),
@@ -525,7 +530,7 @@ RULES: dict[str, list[Rule]] = {
             wrong="max(seq) + 1 without a lock",
         ),
         Rule(
-            "a send that fails uses up no number",
+            "A send that fails uses up no number",
             "check_send_message: a refused INSERT, then the next send must get the next number",
             wrong="separate counter statement",
         ),
@@ -535,7 +540,7 @@ RULES: dict[str, list[Rule]] = {
             wrong="counter committed before the message",
         ),
         Rule(
-            "a send to another conversation is never blocked",
+            "A send to another conversation is never blocked",
             "check_send_message: a send to another conversation must finish while one is held",
             wrong="one lock for all conversations",
         ),

@@ -18,8 +18,12 @@ async def skewed_conversation(pool, conversation: str, skew: dict[str, float]) -
     """A question and its answers, sent in this real order, each stamped by its sender's clock
     (``skew[sender]`` seconds off) and numbered by the server."""
     await reset(pool, conversation)
-    script = [("ana", "lunch at noon?"), ("ben", "yes! the usual place"), ("ana", "great, see you there"),
-              ("ben", "running 5 min late")]
+    script = [
+        ("ana", "lunch at noon?"),
+        ("ben", "yes! the usual place"),
+        ("ana", "great, see you there"),
+        ("ben", "running 5 min late"),
+    ]
     out = []
     for sender, text in script:
         device_time = time.time() + skew[sender]

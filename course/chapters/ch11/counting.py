@@ -49,8 +49,9 @@ async def reset_counts(pool) -> None:
         await conn.execute("TRUNCATE view_counts, view_count_shards")
 
 
-async def per_row_vs_batched(pool, views: int, *, concurrency: int = 16, shards: int = 16,
-                             max_views: int = 500) -> list[Throughput]:
+async def per_row_vs_batched(
+    pool, views: int, *, concurrency: int = 16, shards: int = 16, max_views: int = 500
+) -> list[Throughput]:
     """The same ``views`` of one hot video three ways, on the same PostgreSQL, one after the other:
     one upsert per view on one row, one upsert per view on ``shards`` rows, and batched."""
     await reset_counts(pool)
@@ -66,8 +67,7 @@ async def per_row_vs_batched(pool, views: int, *, concurrency: int = 16, shards:
     t0 = time.perf_counter()
     await _fan(views, concurrency, lambda i: counter.view("hot-batched"))
     await counter.close()
-    runs.append(Throughput(f"batched, a flush per {max_views} views", views, time.perf_counter() - t0,
-                           counter.flushes))
+    runs.append(Throughput(f"batched, a flush per {max_views} views", views, time.perf_counter() - t0, counter.flushes))
     totals = await counters.read_counts(pool)
     assert totals["hot"] == views and totals["hot-batched"] == views, totals
     assert await counters.read_sharded(pool, "hot") == views
@@ -114,8 +114,9 @@ class CrashRun:
         return self.accepted - self.stored
 
 
-async def kill_batcher(ns, pool, *, sig: str, run_for: float = 0.8, max_views: int = 400,
-                       interval: float = 0.25) -> CrashRun:
+async def kill_batcher(
+    ns, pool, *, sig: str, run_for: float = 0.8, max_views: int = 400, interval: float = 0.25
+) -> CrashRun:
     """Start a batching counter in its own process, let it count for ``run_for`` s, send it ``sig``
     ("SIGKILL" or "SIGTERM"), then compare the views it had accepted with what PostgreSQL holds."""
     item = f"crash-{sig.lower()}"
@@ -124,8 +125,13 @@ async def kill_batcher(ns, pool, *, sig: str, run_for: float = 0.8, max_views: i
     fd, path = tempfile.mkstemp(prefix="ch11-accepted-")
     os.write(fd, b"\0" * 16)
     os.close(fd)
-    cfg = {"database_url": ns.database_url, "item": item, "max_views": max_views, "interval": interval,
-           "accepted_file": path}
+    cfg = {
+        "database_url": ns.database_url,
+        "item": item,
+        "max_views": max_views,
+        "interval": interval,
+        "accepted_file": path,
+    }
     t0 = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "course.chapters.ch11.worker", json.dumps(cfg))
     try:
@@ -202,8 +208,15 @@ class HllRuns:
         return (sum(x * x for x in e) / len(e)) ** 0.5
 
 
-async def hll_error(redis, prefix: str, *, runs: int = 20, checkpoints=(1_000, 10_000, 50_000, 100_000),
-                    chunk: int = 5_000, seed: int = 11) -> HllRuns:
+async def hll_error(
+    redis,
+    prefix: str,
+    *,
+    runs: int = 20,
+    checkpoints=(1_000, 10_000, 50_000, 100_000),
+    chunk: int = 5_000,
+    seed: int = 11,
+) -> HllRuns:
     """``runs`` sketches, each fed distinct random ids; PFCOUNT at each checkpoint vs the exact count."""
     t0 = time.perf_counter()
     out = HllRuns(list(checkpoints), {n: [] for n in checkpoints})
@@ -241,10 +254,17 @@ def plot_hll(h: HllRuns):
     ax = axes[0]
     for j, n in enumerate(h.checkpoints):
         xs = [n * (1 + 0.04 * (j - 1.5))] * len(h.errors[n])
-        ax.scatter(xs, [e * 100 for e in h.errors[n]], s=10, alpha=0.6, color=COLORS["fix"],
-                   label="one sketch (relative error)" if j == 0 else None)
-    ax.plot(h.checkpoints, [h.rms(n) * 100 for n in h.checkpoints], "o-", color=COLORS["ok"],
-            label="measured RMS error")
+        ax.scatter(
+            xs,
+            [e * 100 for e in h.errors[n]],
+            s=10,
+            alpha=0.6,
+            color=COLORS["fix"],
+            label="one sketch (relative error)" if j == 0 else None,
+        )
+    ax.plot(
+        h.checkpoints, [h.rms(n) * 100 for n in h.checkpoints], "o-", color=COLORS["ok"], label="measured RMS error"
+    )
     ax.plot(h.checkpoints, [-h.rms(n) * 100 for n in h.checkpoints], "o-", color=COLORS["ok"])
     ax.axhline(HLL_STANDARD_ERROR * 100, color=COLORS["bad"], linestyle="--", label="claimed 0.81%")
     ax.axhline(-HLL_STANDARD_ERROR * 100, color=COLORS["bad"], linestyle="--")
@@ -253,8 +273,9 @@ def plot_hll(h: HllRuns):
     ax.set_ylabel("PFCOUNT error, %")
     legend_outside(ax, "below")
     ax = axes[1]
-    bars = ax.barh(["Redis SET", "HyperLogLog"], [h.set_bytes / 1024, h.hll_bytes / 1024],
-                   color=[COLORS["neutral"], COLORS["ok"]])
+    bars = ax.barh(
+        ["Redis SET", "HyperLogLog"], [h.set_bytes / 1024, h.hll_bytes / 1024], color=[COLORS["neutral"], COLORS["ok"]]
+    )
     ax.bar_label(bars, labels=[f"{h.set_bytes / 1024:,.0f} KB", f"{h.hll_bytes / 1024:,.1f} KB"], padding=3)
     ax.set_xscale("log")
     ax.set_xlim(right=h.set_bytes / 1024 * 10)
@@ -262,8 +283,7 @@ def plot_hll(h: HllRuns):
     return fig
 
 
-async def week_from_days(redis, prefix: str, *, per_day: int = 3_000, overlap: float = 0.6,
-                         seed: int = 12) -> dict:
+async def week_from_days(redis, prefix: str, *, per_day: int = 3_000, overlap: float = 0.6, seed: int = 12) -> dict:
     """Seven daily sketches with returning visitors, merged with PFMERGE, vs the exact union."""
     rand = random.Random(seed)
     regulars = [f"r{i}" for i in range(int(per_day * overlap))]

@@ -29,8 +29,9 @@ class Graph:
         return len(self.following)
 
 
-def make_graph(users: int, *, follows: int = 40, celebrities: int = 4, celebrity_share: float = 0.5,
-               seed: int = 11) -> Graph:
+def make_graph(
+    users: int, *, follows: int = 40, celebrities: int = 4, celebrity_share: float = 0.5, seed: int = 11
+) -> Graph:
     """``users`` users; each follows about ``follows`` others picked with a heavy tail (popular users
     are picked more), and ``celebrity_share`` of the users also follow each of the celebrities."""
     rand = random.Random(seed)
@@ -109,12 +110,14 @@ STRATEGIES = {
 }
 
 
-async def compare(redis, prefix: str, g: Graph, *, posts: int, reads: int, celebrity_threshold: int,
-                  seed: int = 12) -> list[FeedRun]:
+async def compare(
+    redis, prefix: str, g: Graph, *, posts: int, reads: int, celebrity_threshold: int, seed: int = 12
+) -> list[FeedRun]:
     """Publish the same ``posts`` and read the same ``reads`` feeds with each strategy."""
     rand = random.Random(seed)
-    authors = [g.celebrities[i % len(g.celebrities)] if i % 10 == 0 else rand.randrange(g.users)
-               for i in range(posts)]  # one post in ten by a celebrity
+    authors = [
+        g.celebrities[i % len(g.celebrities)] if i % 10 == 0 else rand.randrange(g.users) for i in range(posts)
+    ]  # one post in ten by a celebrity
     readers = [rand.randrange(g.users) for _ in range(reads)]
     strategies = dict(STRATEGIES)
     strategies[f"hybrid (pull above {celebrity_threshold:,} followers)"] = celebrity_threshold
@@ -143,8 +146,10 @@ async def compare(redis, prefix: str, g: Graph, *, posts: int, reads: int, celeb
 
 
 def table(runs: list[FeedRun]) -> list[str]:
-    lines = [f"{'strategy':42} {'writes/post':>11} {'max':>6} {'publish p99':>11} {'read p50':>9} "
-             f"{'read p99':>9} {'cmds/read':>9}"]
+    lines = [
+        f"{'strategy':42} {'writes/post':>11} {'max':>6} {'publish p99':>11} {'read p50':>9} "
+        f"{'read p99':>9} {'cmds/read':>9}"
+    ]
     for r in runs:
         lines.append(
             f"{r.strategy:42} {r.mean_writes:>11.1f} {max(r.writes):>6,} {pct(r.publish_ms, 99):>9.2f}ms "
@@ -162,22 +167,37 @@ def plot(runs: list[FeedRun], g: Graph):
     colors = [COLORS["bad"], COLORS["warn"], COLORS["ok"]]
     ax = axes[0]
     x = range(len(runs))
-    ax.bar([i - 0.2 for i in x], [r.mean_writes for r in runs], 0.4, color=colors,
-           label="mean writes per post")
-    ax.bar([i + 0.2 for i in x], [max(r.writes) for r in runs], 0.4, color=colors, alpha=0.45, hatch="//",
-           label="writes for the biggest post (a celebrity's)")
+    ax.bar([i - 0.2 for i in x], [r.mean_writes for r in runs], 0.4, color=colors, label="mean writes per post")
+    ax.bar(
+        [i + 0.2 for i in x],
+        [max(r.writes) for r in runs],
+        0.4,
+        color=colors,
+        alpha=0.45,
+        hatch="//",
+        label="writes for the biggest post (a celebrity's)",
+    )
     ax.set_yscale("log")
     ax.set_xticks(list(x), names)
     ax.set_ylabel("Redis writes per post (log)")
     legend_outside(ax, "below", ncols=1)
     ax = axes[1]
-    ax.bar([i - 0.2 for i in x], [pct(r.read_ms, 50) for r in runs], 0.4, color=colors,
-           label="read p50")
-    ax.bar([i + 0.2 for i in x], [pct(r.read_ms, 99) for r in runs], 0.4, color=colors, alpha=0.45,
-           hatch="//", label="read p99")
+    ax.bar([i - 0.2 for i in x], [pct(r.read_ms, 50) for r in runs], 0.4, color=colors, label="read p50")
+    ax.bar(
+        [i + 0.2 for i in x],
+        [pct(r.read_ms, 99) for r in runs],
+        0.4,
+        color=colors,
+        alpha=0.45,
+        hatch="//",
+        label="read p99",
+    )
     ax.set_xticks(list(x), names)
     ax.set_ylabel("time to read one feed, ms")
     legend_outside(ax, "below", ncols=2)
-    fig.suptitle(f"{g.users:,} users, {len(g.celebrities)} celebrities with "
-                 f"{min(len(g.followers[c]) for c in g.celebrities):,}+ followers each", fontsize="medium")
+    fig.suptitle(
+        f"{g.users:,} users, {len(g.celebrities)} celebrities with "
+        f"{min(len(g.followers[c]) for c in g.celebrities):,}+ followers each",
+        fontsize="medium",
+    )
     return fig

@@ -82,10 +82,19 @@ def quiet(hour: int, start: int = 22, end: int = 7) -> bool:
     return hour >= start or hour < end
 
 
-async def run_pipeline(pool, redis, prefix: str, requests: list[Request], providers: dict[str, Provider], *,
-                       rates: dict[str, tuple[int, float]], max_attempts: int = 5,
-                       backoff: FullJitter = FullJitter(base=0.5, cap=4.0), call_time: float = 0.01,
-                       seed: int = 7) -> Run:
+async def run_pipeline(
+    pool,
+    redis,
+    prefix: str,
+    requests: list[Request],
+    providers: dict[str, Provider],
+    *,
+    rates: dict[str, tuple[int, float]],
+    max_attempts: int = 5,
+    backoff: FullJitter = FullJitter(base=0.5, cap=4.0),
+    call_time: float = 0.01,
+    seed: int = 7,
+) -> Run:
     """Route, deduplicate, hold back for quiet hours, then send by priority within each provider's
     token bucket; retry transient errors with backoff; dead-letter permanent or exhausted ones."""
     rand = random.Random(seed)
@@ -126,8 +135,18 @@ async def run_pipeline(pool, redis, prefix: str, requests: list[Request], provid
     return run
 
 
-async def _attempt(job: Job, provider: Provider, now: float, run: Run, jobs: list[Job], redis, prefix: str,
-                   max_attempts: int, backoff: FullJitter, rand: random.Random) -> None:
+async def _attempt(
+    job: Job,
+    provider: Provider,
+    now: float,
+    run: Run,
+    jobs: list[Job],
+    redis,
+    prefix: str,
+    max_attempts: int,
+    backoff: FullJitter,
+    rand: random.Random,
+) -> None:
     req = job.request
     try:
         await provider.send(req, now)
@@ -137,9 +156,16 @@ async def _attempt(job: Job, provider: Provider, now: float, run: Run, jobs: lis
         permanent = not mq.is_transient(err)
         if permanent or job.attempts >= max_attempts:
             fields = {"id": req.key, "key": req.user, "type": req.kind, "seq": str(job.seq), "body": req.channel}
-            entry = mq.dlq_entry(fields, stream=f"{prefix}:{req.channel}", entry_id=f"0-{job.seq}",
-                                 attempts=job.attempts, first_failed_at=job.first_failed, last_failed_at=now,
-                                 error=err, reason="permanent" if permanent else "exhausted")
+            entry = mq.dlq_entry(
+                fields,
+                stream=f"{prefix}:{req.channel}",
+                entry_id=f"0-{job.seq}",
+                attempts=job.attempts,
+                first_failed_at=job.first_failed,
+                last_failed_at=now,
+                error=err,
+                reason="permanent" if permanent else "exhausted",
+            )
             await redis.xadd(f"{prefix}:notify:dlq", entry)
             run.dead.append(entry)
             run.events.append((now, "dead-lettered", req.kind, req.key))
@@ -152,8 +178,9 @@ async def _attempt(job: Job, provider: Provider, now: float, run: Run, jobs: lis
     jobs.remove(job)
 
 
-def workload(n: int, *, seconds: float = 10.0, duplicate_share: float = 0.1, night_share: float = 0.15,
-             seed: int = 3) -> list[Request]:
+def workload(
+    n: int, *, seconds: float = 10.0, duplicate_share: float = 0.1, night_share: float = 0.15, seed: int = 3
+) -> list[Request]:
     """``n`` notifications over ``seconds``: one in six a login code (SMS), half comments (push), the
     rest marketing (e-mail); some sent twice by their caller, some to users whose night it is."""
     rand = random.Random(seed)
@@ -186,11 +213,16 @@ def plot_run(run: Run, outage: tuple[float, float], bin_s: float = 0.5):
     ax.axvspan(*outage, color=COLORS["bad"], alpha=0.08, label="push provider down (503)")
     for kind, color in (("otp", COLORS["ok"]), ("comment", COLORS["fix"]), ("marketing", COLORS["neutral"])):
         ax.step(bins, series("sent", kind), where="post", color=color, label=f"sent: {kind} ({CHANNEL[kind]})")
-    ax.step(bins, series("failed, will retry"), where="post", color=COLORS["warn"], linestyle="--",
-            label="failed, retried later")
+    ax.step(
+        bins,
+        series("failed, will retry"),
+        where="post",
+        color=COLORS["warn"],
+        linestyle="--",
+        label="failed, retried later",
+    )
     dead = [t for t, e, *_ in run.events if e == "dead-lettered"]
-    ax.scatter(dead, [0.3] * len(dead), marker="x", color=COLORS["bad"], zorder=5,
-               label=f"dead-lettered ({len(dead)})")
+    ax.scatter(dead, [0.3] * len(dead), marker="x", color=COLORS["bad"], zorder=5, label=f"dead-lettered ({len(dead)})")
     ax.set_xlabel("virtual seconds")
     ax.set_ylabel(f"notifications per {bin_s:g} s")
     legend_outside(ax)
