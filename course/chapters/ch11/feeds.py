@@ -159,6 +159,18 @@ def table(runs: list[FeedRun]) -> list[str]:
     return lines
 
 
+def _handles(solid: str, hatched: str) -> list:
+    """Legend entries for the two kinds of bar (the colours name the strategies, on the x axis)."""
+    from matplotlib.patches import Patch
+
+    from course.kit.plotting import COLORS
+
+    return [
+        Patch(facecolor=COLORS["neutral"], label=solid),
+        Patch(facecolor=COLORS["neutral"], alpha=0.45, hatch="//", label=hatched),
+    ]
+
+
 def plot(runs: list[FeedRun], g: Graph):
     from course.kit.plotting import COLORS, figure, legend_outside
 
@@ -180,7 +192,9 @@ def plot(runs: list[FeedRun], g: Graph):
     ax.set_yscale("log")
     ax.set_xticks(list(x), names)
     ax.set_ylabel("Redis writes per post (log)")
-    legend_outside(ax, "below", ncols=1)
+    legend_outside(
+        ax, "below", ncols=1, handles=_handles("mean writes per post", "writes for the biggest post (a celebrity's)")
+    )
     ax = axes[1]
     ax.bar([i - 0.2 for i in x], [pct(r.read_ms, 50) for r in runs], 0.4, color=colors, label="read p50")
     ax.bar(
@@ -194,7 +208,7 @@ def plot(runs: list[FeedRun], g: Graph):
     )
     ax.set_xticks(list(x), names)
     ax.set_ylabel("time to read one feed, ms")
-    legend_outside(ax, "below", ncols=2)
+    legend_outside(ax, "below", ncols=2, handles=_handles("read p50", "read p99"))
     fig.suptitle(
         f"{g.users:,} users, {len(g.celebrities)} celebrities with "
         f"{min(len(g.followers[c]) for c in g.celebrities):,}+ followers each",
