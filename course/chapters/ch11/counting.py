@@ -305,3 +305,47 @@ async def week_from_days(redis, prefix: str, *, per_day: int = 3_000, overlap: f
     summed = sum(daily)
     await redis.delete(week, *days)
     return {"daily": daily, "sum_of_days": summed, "week": estimate, "exact": len(exact)}
+
+
+# ----------------------------------------------------------------------------- pods -> Redis -> PostgreSQL
+
+
+async def two_stage(pool, redis, prefix: str, *, pods: int = 3, views: int = 900, seed: int = 5) -> list[tuple]:
+    """The production shape: each pod flushes its deltas to Redis in one INCRBY pipeline; a job
+    copies the totals to PostgreSQL with GREATEST. The copy runs twice (a retry) and then once more
+    with a stale snapshot. Returns ``(step, Redis totals, PostgreSQL totals)`` per step."""
+    rand = random.Random(seed)
+    items = ["intro", "demo", "outro"]
+    keys = {i: f"{prefix}:views:{i}" for i in items}
+    await redis.delete(*keys.values())
+    async with pool.connection() as conn:
+        await conn.execute("DELETE FROM view_counts WHERE item_id = ANY(%s)", (items,))
+    buffers = [dict.fromkeys(items, 0) for _ in range(pods)]
+    for _ in range(views):
+        buffers[rand.randrange(pods)][rand.choice(items)] += 1
+    steps = []
+
+    async def totals() -> dict[str, int]:
+        return {i: int(v or 0) for i, v in zip(items, await redis.mget(list(keys.values())), strict=True)}
+
+    async def copy(snapshot: dict[str, int]) -> None:
+        await counters.merge_totals(pool, snapshot)
+
+    stale = None
+    for n, buf in enumerate(buffers, 1):
+        pipe = redis.pipeline(transaction=False)  # one round trip per flush, whatever the number of items
+        for item, delta in buf.items():
+            pipe.incrby(keys[item], delta)
+        await pipe.execute()
+        if n == 1:
+            stale = await totals()  # a snapshot the copy job took early, delivered late below
+        steps.append((f"pod {n} flushed", await totals(), await counters.read_counts(pool, items)))
+    snapshot = await totals()
+    await copy(snapshot)
+    steps.append(("job copied totals", snapshot, await counters.read_counts(pool, items)))
+    await copy(snapshot)
+    steps.append(("job ran again (retry)", snapshot, await counters.read_counts(pool, items)))
+    await copy(stale)
+    steps.append(("a stale copy arrived", stale, await counters.read_counts(pool, items)))
+    await redis.delete(*keys.values())
+    return steps
