@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from course.progress import Store, utcnow
+from course.progress import Store, progress_text, utcnow
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,6 +64,7 @@ DESIGN_MINUTES = 35
 
 _DETAILS = re.compile(r"<details>\s*<summary>(?P<summary>.*?)</summary>(?P<body>.*?)</details>", re.S | re.I)
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$", re.M)
+_FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 _LINK = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+)\)|(?<![(<])(https?://[^\s)>,]+)")
 
 
@@ -132,7 +133,10 @@ def _sections(cells: list[str]) -> Iterable[tuple[str, str, str]]:
     current: tuple[str, str, int] | None = None
     for text in cells:
         pieces, last = [], 0
+        fences = [m.span() for m in _FENCE.finditer(text)]
         for m in _HEADING.finditer(text):
+            if any(a <= m.start() < b for a, b in fences):  # a comment in a code block
+                continue
             pieces.append((text[last : m.start()], None))
             pieces.append(("", m))
             last = m.end()
@@ -269,7 +273,9 @@ class Session:
         budget = max(0, new_per_day - self.store.new_cards_seen(day_start))
         due = sorted((c for c in deck if c.id in self.states and self.states[c.id].due <= now),
                      key=lambda c: self.states[c.id].due)
-        new = [c for c in deck if c.id not in self.states][:budget]
+        order = list(PROMPTS)  # new cards take turns across chapters and kinds: #1 of each section first
+        new = sorted((c for c in deck if c.id not in self.states), key=lambda c: (c.number, order.index(c.kind)))
+        new = new[:budget]
         self.queue: list[Card] = due + new
         self.counts = {"due": len(due), "new": len(new)}
         self.done = 0
@@ -280,13 +286,13 @@ class Session:
     def is_new(self, card: Card) -> bool:
         return card.id not in self.states
 
-    def preview(self, card: Card) -> dict[int, datetime]:
-        """rating -> the due date each rating would give now (what the buttons say)."""
+    def preview(self, card: Card) -> dict[int, str]:
+        """rating -> when each rating would bring the card back ("in 10 minutes"): the buttons' labels."""
         import fsrs
 
-        state = self.states.get(card.id) or fsrs.Card(card_id=card.fsrs_id, due=self.clock())
         now = self.clock()
-        return {int(r): self.scheduler.review_card(state, r, now)[0].due for r in fsrs.Rating}
+        state = self.states.get(card.id) or fsrs.Card(card_id=card.fsrs_id, due=now)
+        return {int(r): when(self.scheduler.review_card(state, r, now)[0].due, now) for r in fsrs.Rating}
 
     def rate(self, card: Card, rating: int, *, answer: str = "") -> datetime:
         """Record ``rating`` (1 Again, 2 Hard, 3 Good, 4 Easy) for ``card``; return its next due date."""
@@ -397,8 +403,7 @@ def terminal_session(session: Session, *, out=sys.stdout) -> int:
         for title, url in card.links:
             print(f"    {title}: {url}", file=out)
         preview = session.preview(card)
-        now = session.clock()
-        choices = "  ".join(f"{n} {name} ({when(preview[n], now)})" for n, name in
+        choices = "  ".join(f"{n} {name} ({preview[n]})" for n, name in
                             ((1, "again"), (2, "hard"), (3, "good"), (4, "easy")))
         while True:
             answer = _ask(f"Rate: {choices}, q quits > ").strip().lower()
@@ -413,9 +418,42 @@ def terminal_session(session: Session, *, out=sys.stdout) -> int:
     return session.done
 
 
+def progress_main(argv: list[str]) -> int:
+    """``course progress [--state PATH] [--json]``: per chapter, the last graded score and the cards."""
+    import argparse
+
+    from course.progress import summary
+
+    parser = argparse.ArgumentParser(prog="course progress", description="your progress across the course")
+    parser.add_argument("--state", help="the state file (default: $COURSE_STATE or ~/.local/share/resilient-course/)")
+    parser.add_argument("--json", action="store_true", help="print it as JSON")
+    args = parser.parse_args(argv)
+    store = Store(args.state)
+    try:
+        deck = load_deck()
+    except DeckError as err:
+        print(f"course progress: {err}", file=sys.stderr)
+        deck = []
+    if args.json:
+        rows = []
+        for r in summary(store, deck):
+            check = r.check and {"score": r.check.score, "max_score": r.check.max_score, "via": r.check.via,
+                                 "at": r.check.at.isoformat()}
+            rows.append({"chapter": r.chapter, "title": r.title, "cards": r.cards, "seen": r.seen, "due": r.due,
+                         "mastered": r.mastered, "last_check": check})
+        print(json.dumps({"state": str(store.path), "chapters": rows}, indent=2))
+    else:
+        print(progress_text(store, deck))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``course drill``: a review session in the terminal, or ``--export deck.apkg`` for Anki."""
     import argparse
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["progress"]:
+        return progress_main(argv[1:])
 
     parser = argparse.ArgumentParser(prog="course drill", description="interview drills with spaced repetition")
     parser.add_argument("--state", help="the state file (default: $COURSE_STATE or ~/.local/share/resilient-course/)")
