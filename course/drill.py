@@ -56,8 +56,13 @@ PROMPTS = {
     "estimate": "Estimate (back of the envelope)",
     "design": "Timed design prompt (35 minutes)",
 }
-KIND_NAMES = {"drill": "interview drill", "mistake": "typical mistake", "code": "wrong code", "estimate": "estimate",
-              "design": "design prompt"}
+KIND_NAMES = {
+    "drill": "interview drill",
+    "mistake": "typical mistake",
+    "code": "wrong code",
+    "estimate": "estimate",
+    "design": "design prompt",
+}
 #: The structure a timed design answer fills, in order.
 DESIGN_STEPS = ["requirements", "estimates", "API", "data model", "high-level design", "bottlenecks"]
 DESIGN_MINUTES = 35
@@ -99,7 +104,7 @@ class Card:
 
 
 def chapter_notebooks(root: Path = REPO) -> dict[str, Path]:
-    """"NN_slug" -> its notebook: from solutions/ when the chapter is there, else notebooks/."""
+    """ "NN_slug" -> its notebook: from solutions/ when the chapter is there, else notebooks/."""
     found: dict[str, Path] = {}
     for folder in ("notebooks", "solutions"):  # solutions/ last, so it wins
         for nb in sorted((root / folder).glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb")):
@@ -205,8 +210,19 @@ def read_chapter(notebook: Path, root: Path = REPO) -> list[Card]:
         numbers[key] = numbers.get(key, 0) + 1
         front = re.sub(r"^\d+\.\s*", "", front)
         cards.append(
-            Card(_card_id(chapter, kind, front), chapter, title, kind, numbers[key], front, back.strip(), context,
-                 section, where, _links(front, back, context))
+            Card(
+                _card_id(chapter, kind, front),
+                chapter,
+                title,
+                kind,
+                numbers[key],
+                front,
+                back.strip(),
+                context,
+                section,
+                where,
+                _links(front, back, context),
+            )
         )
 
     for kind, section, text in _sections(cells):
@@ -271,8 +287,10 @@ class Session:
         self.states = {cid: fsrs.Card.from_json(text) for cid, text in self.store.card_states().items()}
         day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
         budget = max(0, new_per_day - self.store.new_cards_seen(day_start))
-        due = sorted((c for c in deck if c.id in self.states and self.states[c.id].due <= now),
-                     key=lambda c: self.states[c.id].due)
+        due = sorted(
+            (c for c in deck if c.id in self.states and self.states[c.id].due <= now),
+            key=lambda c: self.states[c.id].due,
+        )
         order = list(PROMPTS)  # new cards take turns across chapters and kinds: #1 of each section first
         new = sorted((c for c in deck if c.id not in self.states), key=lambda c: (c.number, order.index(c.kind)))
         new = new[:budget]
@@ -304,8 +322,14 @@ class Session:
         recall = self.scheduler.get_card_retrievability(state, now) if before else None
         after, _log = self.scheduler.review_card(state, fsrs.Rating(int(rating)), now)
         self.store.save_review(
-            card.id, card.chapter, after.to_json(), rating=int(rating),
-            state_before=int(before.state) if before else None, recall_p=recall, reviewed_at=now, answer=answer,
+            card.id,
+            card.chapter,
+            after.to_json(),
+            rating=int(rating),
+            state_before=int(before.state) if before else None,
+            recall_p=recall,
+            reviewed_at=now,
+            answer=answer,
         )
         self.states[card.id] = after
         if self.queue and self.queue[0].id == card.id:
@@ -341,21 +365,30 @@ def export_apkg(deck: list[Card], path: str | Path, *, timestamp: float | None =
         1_614_032_714,
         "Resilient Backend Patterns drill",
         fields=[{"name": n} for n in ("Question", "Context", "Answer", "Source")],
-        templates=[{
-            "name": "Card 1",
-            "qfmt": "<div class=kind>{{Source}}</div>{{Question}}{{#Context}}<div>{{Context}}</div>{{/Context}}",
-            "afmt": "{{FrontSide}}<hr id=answer>{{Answer}}",
-        }],
+        templates=[
+            {
+                "name": "Card 1",
+                "qfmt": "<div class=kind>{{Source}}</div>{{Question}}{{#Context}}<div>{{Context}}</div>{{/Context}}",
+                "afmt": "{{FrontSide}}<hr id=answer>{{Answer}}",
+            }
+        ],
         css=".card{font-family:sans-serif;text-align:left;max-width:46em;margin:auto}"
-            ".kind{color:#7f8c8d;font-size:small}pre{background:#f6f6f6;padding:.5em}",
+        ".kind{color:#7f8c8d;font-size:small}pre{background:#f6f6f6;padding:.5em}",
     )
     root = genanki.Deck(1_614_032_715, "Resilient Backend Patterns")
     for card in deck:
         question = f"<p><i>{html.escape(PROMPTS[card.kind])}</i></p>{mistune.html(card.front)}"
-        fields = [question, mistune.html(card.context) if card.context else "", mistune.html(card.back),
-                  html.escape(card.source)]
-        root.add_note(genanki.Note(model=model, fields=fields, guid=genanki.guid_for(card.id),
-                                   tags=[f"ch{card.chapter}", card.kind]))
+        fields = [
+            question,
+            mistune.html(card.context) if card.context else "",
+            mistune.html(card.back),
+            html.escape(card.source),
+        ]
+        root.add_note(
+            genanki.Note(
+                model=model, fields=fields, guid=genanki.guid_for(card.id), tags=[f"ch{card.chapter}", card.kind]
+            )
+        )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     genanki.Package(root).write_to_file(str(path), timestamp=timestamp)
@@ -403,8 +436,9 @@ def terminal_session(session: Session, *, out=sys.stdout) -> int:
         for title, url in card.links:
             print(f"    {title}: {url}", file=out)
         preview = session.preview(card)
-        choices = "  ".join(f"{n} {name} ({preview[n]})" for n, name in
-                            ((1, "again"), (2, "hard"), (3, "good"), (4, "easy")))
+        choices = "  ".join(
+            f"{n} {name} ({preview[n]})" for n, name in ((1, "again"), (2, "hard"), (3, "good"), (4, "easy"))
+        )
         while True:
             answer = _ask(f"Rate: {choices}, q quits > ").strip().lower()
             if answer in ("1", "2", "3", "4", "q"):
@@ -437,10 +471,23 @@ def progress_main(argv: list[str]) -> int:
     if args.json:
         rows = []
         for r in summary(store, deck):
-            check = r.check and {"score": r.check.score, "max_score": r.check.max_score, "via": r.check.via,
-                                 "at": r.check.at.isoformat()}
-            rows.append({"chapter": r.chapter, "title": r.title, "cards": r.cards, "seen": r.seen, "due": r.due,
-                         "mastered": r.mastered, "last_check": check})
+            check = r.check and {
+                "score": r.check.score,
+                "max_score": r.check.max_score,
+                "via": r.check.via,
+                "at": r.check.at.isoformat(),
+            }
+            rows.append(
+                {
+                    "chapter": r.chapter,
+                    "title": r.title,
+                    "cards": r.cards,
+                    "seen": r.seen,
+                    "due": r.due,
+                    "mastered": r.mastered,
+                    "last_check": check,
+                }
+            )
         print(json.dumps({"state": str(store.path), "chapters": rows}, indent=2))
     else:
         print(progress_text(store, deck))

@@ -191,7 +191,7 @@ def record_check(chapter: str, score: float, max_score: float, *, via: str) -> s
     try:
         with Store() as store:
             store.record_check(chapter, score, max_score, via=via)
-    except Exception as err:  # noqa: BLE001: the grade matters more than the record
+    except Exception as err:  # noqa: BLE001 (the grade matters more than the record)
         return f"{type(err).__name__}: {err}"
     return None
 

@@ -55,7 +55,7 @@ def test_every_typical_mistake_of_every_chapter_is_a_card(chapter):
     items = []
     for text in _markdown(NOTEBOOKS[chapter]):
         for m in re.finditer(r"^(#+)\s+(?:\d+\.\s*)?Typical mistakes.*$", text, re.M | re.I):
-            rest = text[m.end():]
+            rest = text[m.end() :]
             nxt = re.search(rf"^#{{1,{len(m.group(1))}}}\s", rest, re.M)
             items += re.findall(r"^\d+\.\s+(.*)$", rest[: nxt.start() if nxt else None], re.M)
     cards = [c for c in DECK if c.chapter == chapter[:2] and c.kind == "mistake"]
@@ -111,8 +111,11 @@ def test_editing_a_drill_changes_its_card_and_a_hidden_question_is_refused(tmp_p
     path.write_text(text.replace("Why not SELECT the key first", "Why not read the key first"))
     fronts = [c.front for c in drill.load_deck(tmp_path) if c.kind == "drill"]
     assert any(f.startswith("Why not read the key first") for f in fronts)
-    path.write_text(text.replace("<summary><b>2. Why not SELECT the key first and INSERT if it is absent?</b>",
-                                 "<summary>Model answer"))
+    path.write_text(
+        text.replace(
+            "<summary><b>2. Why not SELECT the key first and INSERT if it is absent?</b>", "<summary>Model answer"
+        )
+    )
     with pytest.raises(drill.DeckError, match="hides its question outside <summary>"):
         drill.load_deck(tmp_path)
 
@@ -133,7 +136,7 @@ def test_a_scripted_week_of_reviews_gives_the_due_dates_fsrs_gives(tmp_path):
         session = drill.Session(deck, store, clock=clock, new_per_day=2)
         due_now = {cid for cid, c in plain.items() if c.due <= clock()}
         first = [c.id for c in session.queue[: len(due_now)]]
-        assert set(first) == due_now and all(c.id not in plain for c in session.queue[len(due_now):])
+        assert set(first) == due_now and all(c.id not in plain for c in session.queue[len(due_now) :])
         while (card := session.next()) is not None:
             rating = next(ratings)
             due = session.rate(card, rating)
@@ -158,8 +161,14 @@ def test_state_persists_across_a_restart(tmp_path):
     assert card.id not in {c.id for c in again.queue} and not again.is_new(card)
     assert again.states[card.id].due == due
     assert again.counts == {"due": 0, "new": 2}
-    out = subprocess.run([sys.executable, "-m", "course.drill", "progress", "--state", str(path), "--json"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "course.drill", "progress", "--state", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=True,
+    )
     rows = {r["chapter"]: r for r in json.loads(out.stdout)["chapters"]}
     assert rows[card.chapter]["seen"] == 1
 
@@ -193,8 +202,12 @@ def test_course_drill_runs_a_review_in_a_pseudo_terminal(tmp_path):
     pexpect = pytest.importorskip("pexpect")
     state = tmp_path / "state.sqlite3"
     child = pexpect.spawn(
-        sys.executable, ["-m", "course.kit.cli", "drill", "--state", str(state), "--new", "2", "--chapter", "03"],
-        cwd=str(REPO), encoding="utf-8", timeout=30, dimensions=(40, 120),
+        sys.executable,
+        ["-m", "course.kit.cli", "drill", "--state", str(state), "--new", "2", "--chapter", "03"],
+        cwd=str(REPO),
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(40, 120),
     )
     try:
         child.expect(r"0 due, 2 new")
@@ -221,8 +234,14 @@ def test_course_drill_runs_a_review_in_a_pseudo_terminal(tmp_path):
 
 
 def test_the_anki_export_is_a_zip_holding_a_valid_sqlite_with_every_card(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "course.kit.cli", "drill", "--export", str(tmp_path / "d.apkg")],
-                         capture_output=True, text=True, cwd=REPO, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "course.kit.cli", "drill", "--export", str(tmp_path / "d.apkg")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    )
     assert f"wrote {len(DECK)} cards" in out.stdout
     with zipfile.ZipFile(tmp_path / "d.apkg") as z:
         assert z.testzip() is None and "collection.anki2" in z.namelist()
@@ -253,14 +272,21 @@ def test_course_check_records_its_result_and_course_progress_shows_it(tmp_path, 
 
     state = tmp_path / "state.sqlite3"
     monkeypatch.setenv("COURSE_STATE", str(state))
-    graded = check.CheckResult("00_setup_and_tour.ipynb", "00_setup_and_tour", 2, 2,
-                               tasks=[check.TaskResult("count_visit", 2, 2, True, "ok")])
+    graded = check.CheckResult(
+        "00_setup_and_tour.ipynb", "00_setup_and_tour", 2, 2, tasks=[check.TaskResult("count_visit", 2, 2, True, "ok")]
+    )
     monkeypatch.setattr(check, "check", lambda path, sandbox=None: graded)
     assert check.main(["00_setup_and_tour.ipynb", "--json"]) == 0
     (record,) = progress.Store(state).last_checks().values()
     assert (record.chapter, record.score, record.max_score, record.via) == ("00", 2, 2, "course check")
-    out = subprocess.run([sys.executable, "-m", "course.kit.cli", "progress", "--state", str(state)],
-                         capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "course.kit.cli", "progress", "--state", str(state)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=True,
+    ).stdout
     line = next(x for x in out.splitlines() if x.startswith("00 "))
     assert "2/2 just now" in line, out
 

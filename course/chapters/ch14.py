@@ -38,8 +38,10 @@ def deck_table(deck: list[Card]) -> str:
     counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for card in deck:
         counts[(card.chapter, card.chapter_title)][card.kind] += 1
-    rows = ["| chapter | " + " | ".join(KIND_NAMES[k] for k in kinds) + " | cards |",
-            "|---|" + "---:|" * (len(kinds) + 1)]
+    rows = [
+        "| chapter | " + " | ".join(KIND_NAMES[k] for k in kinds) + " | cards |",
+        "|---|" + "---:|" * (len(kinds) + 1),
+    ]
     for (chapter, title), c in sorted(counts.items()):
         rows.append(f"| {chapter} {title} | " + " | ".join(str(c[k] or "") for k in kinds) + f" | {sum(c.values())} |")
     total = Counter(card.kind for card in deck)
@@ -77,7 +79,7 @@ def simulate_month(
                 remembered = rng.random() < 0.5
             else:
                 remembered = rng.random() < recall * (1 - slip)
-            rating = (rng.choice([2, 3, 3, 3, 3, 3, 3, 3, 3, 4]) if remembered else 1)
+            rating = rng.choice([2, 3, 3, 3, 3, 3, 3, 3, 3, 4]) if remembered else 1
             session.rate(card, rating)
             clock.advance(minutes=1 if rating > 1 else 2)  # a minute per card, two when it was forgotten
             stats["reviews"] += 1
@@ -105,11 +107,16 @@ def history(store: Store) -> dict:
     out = []
     for day in sorted(days):
         c = days[day]
-        out.append({
-            "day": day, "new": c["new"], "review": c["review"], "learning": c["learning"],
-            "retention": c["recalled"] / c["review"] if c["review"] else None,
-            "predicted": sum(predicted[day]) / len(predicted[day]) if predicted[day] else None,
-        })
+        out.append(
+            {
+                "day": day,
+                "new": c["new"],
+                "review": c["review"],
+                "learning": c["learning"],
+                "retention": c["recalled"] / c["review"] if c["review"] else None,
+                "predicted": sum(predicted[day]) / len(predicted[day]) if predicted[day] else None,
+            }
+        )
     return out
 
 
@@ -120,14 +127,16 @@ def plot_history(store: Store, *, title: str = "your reviews"):
     rows = history(store)
     fig, ax = plotting.figure(9, 3.2)
     if not rows:
-        ax.text(0.5, 0.5, "no reviews yet: run a drill session above", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no reviews yet: run a drill session above", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return fig
     x = list(range(len(rows)))
     bottom = [0] * len(rows)
-    for key, color in (("new", plotting.COLORS["fix"]), ("learning", plotting.COLORS["warn"]),
-                       ("review", plotting.COLORS["neutral"])):
+    for key, color in (
+        ("new", plotting.COLORS["fix"]),
+        ("learning", plotting.COLORS["warn"]),
+        ("review", plotting.COLORS["neutral"]),
+    ):
         values = [r[key] for r in rows]
         ax.bar(x, values, bottom=bottom, color=color, label=f"{key} cards")
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
@@ -135,8 +144,10 @@ def plot_history(store: Store, *, title: str = "your reviews"):
     ax.set_ylabel("reviews")
     ax.set_title(title)
     right = ax.twinx()
-    for key, color, label in (("retention", plotting.COLORS["ok"], "recalled (observed)"),
-                              ("predicted", plotting.COLORS["bad"], "recall predicted by FSRS")):
+    for key, color, label in (
+        ("retention", plotting.COLORS["ok"], "recalled (observed)"),
+        ("predicted", plotting.COLORS["bad"], "recall predicted by FSRS"),
+    ):
         pts = [(i, r[key]) for i, r in enumerate(rows) if r[key] is not None]
         if pts:
             right.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=label, markersize=3)
@@ -144,8 +155,14 @@ def plot_history(store: Store, *, title: str = "your reviews"):
     right.set_ylabel("share of learned cards")
     handles = ax.get_legend_handles_labels()
     more = right.get_legend_handles_labels()
-    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="upper left", bbox_to_anchor=(1.08, 1.0),
-              frameon=False, fontsize="small")
+    ax.legend(
+        handles[0] + more[0],
+        handles[1] + more[1],
+        loc="upper left",
+        bbox_to_anchor=(1.08, 1.0),
+        frameon=False,
+        fontsize="small",
+    )
     return fig
 
 
@@ -166,22 +183,25 @@ class DrillWidget:
     A design prompt also shows a 35-minute timer (run by the browser, so the kernel stays free)
     and one box per step of the structure."""
 
-    def __init__(self, deck: list[Card], store: Store, *, clock: Callable[[], datetime] | None = None,
-                 new_per_day: int = 20) -> None:
+    def __init__(
+        self, deck: list[Card], store: Store, *, clock: Callable[[], datetime] | None = None, new_per_day: int = 20
+    ) -> None:
         import ipywidgets as w
 
         kwargs = {"clock": clock} if clock else {}
         self.session = Session(deck, store, new_per_day=new_per_day, **kwargs)
         self.header = w.HTML()
         self.front = w.HTML()
-        self.notes = w.Textarea(placeholder="your answer (optional: answering aloud works too)",
-                                layout=w.Layout(width="95%", height="90px"))
+        self.notes = w.Textarea(
+            placeholder="your answer (optional: answering aloud works too)", layout=w.Layout(width="95%", height="90px")
+        )
         self.steps = {s: w.Textarea(placeholder=s, layout=w.Layout(width="95%", height="48px")) for s in DESIGN_STEPS}
         self.timer = w.Play(value=0, min=0, max=DESIGN_MINUTES * 60, interval=1000, show_repeat=False)
         self.elapsed = w.IntProgress(value=0, min=0, max=DESIGN_MINUTES * 60, description="35 min")
         w.jslink((self.timer, "value"), (self.elapsed, "value"))
-        self.design = w.VBox([w.HBox([self.timer, self.elapsed]),
-                              *[w.VBox([w.HTML(f"<b>{s}</b>"), t]) for s, t in self.steps.items()]])
+        self.design = w.VBox(
+            [w.HBox([self.timer, self.elapsed]), *[w.VBox([w.HTML(f"<b>{s}</b>"), t]) for s, t in self.steps.items()]]
+        )
         self.show = w.Button(description="Show answer", button_style="info", tooltip="open the model answer")
         self.show.on_click(self._show)
         self.back = w.HTML()
@@ -191,8 +211,9 @@ class DrillWidget:
             b.on_click(lambda _b, value=value: self._rate(value))
             self.buttons.append(b)
         self.status = w.HTML()
-        self.box = w.VBox([self.header, self.front, self.notes, self.design, self.show, self.back,
-                           w.HBox(self.buttons), self.status])
+        self.box = w.VBox(
+            [self.header, self.front, self.notes, self.design, self.show, self.back, w.HBox(self.buttons), self.status]
+        )
         self.box.add_class("course-drill")
         self._load()
 
@@ -213,11 +234,14 @@ class DrillWidget:
                 part.layout.display = "none"
             return
         left = len(self.session.queue)
-        self.header.value = (f"<span class='course-drill-where'>chapter {card.chapter} {card.chapter_title} | "
-                             f"{KIND_NAMES[card.kind]} | {'new' if self.session.is_new(card) else 'due'} | "
-                             f"{left} left</span>")
-        self.front.value = f"<i>{PROMPTS[card.kind]}</i>" + _html(card.front) + (_html(card.context) if card.context
-                                                                                else "")
+        self.header.value = (
+            f"<span class='course-drill-where'>chapter {card.chapter} {card.chapter_title} | "
+            f"{KIND_NAMES[card.kind]} | {'new' if self.session.is_new(card) else 'due'} | "
+            f"{left} left</span>"
+        )
+        self.front.value = (
+            f"<i>{PROMPTS[card.kind]}</i>" + _html(card.front) + (_html(card.context) if card.context else "")
+        )
         design = card.kind == "design"
         self.notes.value = ""
         self.notes.layout.display = "none" if design else None
@@ -236,8 +260,10 @@ class DrillWidget:
         self.timer.playing = False
         took = f"<p>time: {self.timer.value // 60} of {DESIGN_MINUTES} minutes</p>" if card.kind == "design" else ""
         links = "".join(f"<li><a href='{url}' target='_blank'>{title}</a></li>" for title, url in card.links)
-        self.back.value = (f"<div class='course-drill-answer'><hr>{took}{_html(card.back)}"
-                           f"<p><small>{card.source}</small></p>{'<ul>' + links + '</ul>' if links else ''}</div>")
+        self.back.value = (
+            f"<div class='course-drill-answer'><hr>{took}{_html(card.back)}"
+            f"<p><small>{card.source}</small></p>{'<ul>' + links + '</ul>' if links else ''}</div>"
+        )
         preview = self.session.preview(card)
         for b, (value, name) in zip(self.buttons, RATINGS, strict=True):
             b.description = f"{name} ({preview[value]})"
@@ -248,12 +274,17 @@ class DrillWidget:
         card = self.session.next()
         if card is None:
             return
-        notes = self.notes.value if card.kind != "design" else "\n".join(
-            f"{s}: {t.value}" for s, t in self.steps.items() if t.value)
+        notes = (
+            self.notes.value
+            if card.kind != "design"
+            else "\n".join(f"{s}: {t.value}" for s, t in self.steps.items() if t.value)
+        )
         due = self.session.rate(card, value, answer=notes)
         from course.drill import when
 
         name = dict(RATINGS)[value]
-        self.status.value = (f"<span class='course-drill-status'>{name}: next review "
-                             f"{when(due, self.session.clock())} ({due:%Y-%m-%d %H:%M} UTC)</span>")
+        self.status.value = (
+            f"<span class='course-drill-status'>{name}: next review "
+            f"{when(due, self.session.clock())} ({due:%Y-%m-%d %H:%M} UTC)</span>"
+        )
         self._load()

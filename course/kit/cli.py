@@ -359,8 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("chapters", nargs="+", metavar="CHAPTER", help="as nbgrader names it (01_timeouts_and_retries)")
     p.add_argument("--due", help='due date, e.g. "2026-12-15 17:00:00 UTC"')
     p.set_defaults(fn=assign_cmd)
-    for name, what in (("drill", "interview drills with spaced repetition (--export deck.apkg for Anki)"),
-                       ("progress", "per chapter: last graded score, drill cards due and mastered")):
+    for name, what in (
+        ("drill", "interview drills with spaced repetition (--export deck.apkg for Anki)"),
+        ("progress", "per chapter: last graded score, drill cards due and mastered"),
+    ):
         sub.add_parser(name, help=what, add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["drill"], ["progress"]):  # every option is course.drill's own
