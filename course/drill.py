@@ -452,6 +452,12 @@ def terminal_session(session: Session, *, out=sys.stdout) -> int:
     return session.done
 
 
+def show_progress(state: str | Path | None = None) -> None:
+    """Print what ``course progress`` prints (chapter 00's and 14's progress cells)."""
+    with Store(state) as store:
+        print(progress_text(store, load_deck()))
+
+
 def progress_main(argv: list[str]) -> int:
     """``course progress [--state PATH] [--json]``: per chapter, the last graded score and the cards."""
     import argparse

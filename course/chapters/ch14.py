@@ -207,7 +207,7 @@ class DrillWidget:
         self.back = w.HTML()
         self.buttons = []
         for value, name in RATINGS:
-            b = w.Button(description=name, disabled=True, tooltip=f"rate {name}")
+            b = w.Button(description=name, disabled=True, tooltip=f"rate {name}", layout=w.Layout(width="auto"))
             b.on_click(lambda _b, value=value: self._rate(value))
             self.buttons.append(b)
         self.status = w.HTML()
