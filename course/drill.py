@@ -286,7 +286,8 @@ class Session:
         now = clock()
         self.states = {cid: fsrs.Card.from_json(text) for cid, text in self.store.card_states().items()}
         day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
-        budget = max(0, new_per_day - self.store.new_cards_seen(day_start))
+        seen_today = self.store.new_cards_seen(day_start) & {c.id for c in deck}  # this deck's new cards
+        budget = max(0, new_per_day - len(seen_today))
         due = sorted(
             (c for c in deck if c.id in self.states and self.states[c.id].due <= now),
             key=lambda c: self.states[c.id].due,

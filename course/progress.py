@@ -162,10 +162,10 @@ class Store:
         rows = cur.execute("SELECT * FROM reviews ORDER BY reviewed_at, id").fetchall()
         return [{**dict(r), "reviewed_at": _parse(r["reviewed_at"]), "due_after": _parse(r["due_after"])} for r in rows]
 
-    def new_cards_seen(self, since: datetime) -> int:
-        """How many cards had their first review at or after ``since`` (the daily limit counts these)."""
+    def new_cards_seen(self, since: datetime) -> set[str]:
+        """The cards first reviewed at or after ``since`` (the daily limit counts these)."""
         db = self._db()
-        return db.execute("SELECT count(*) FROM cards WHERE added_at >= ?", (_iso(since),)).fetchone()[0]
+        return {r[0] for r in db.execute("SELECT card_id FROM cards WHERE added_at >= ?", (_iso(since),))}
 
     # -- grading results (written by course check and selfcheck) --------------------------
 
