@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     if not res.tasks and not _graded(res.chapter):
-        print(json.dumps(res.as_json(), indent=2) if args.json else f"{res.chapter} has no graded tasks: self-rated")
+        print(
+            json.dumps(res.as_json(), indent=2) if args.json else f"{res.chapter}: no graded tasks (self-rated drills)"
+        )
         return 0
     _record_progress(res)
     if args.json:
