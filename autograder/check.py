@@ -213,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    if not res.tasks and not _graded(res.chapter):
+        print(
+            json.dumps(res.as_json(), indent=2) if args.json else f"{res.chapter}: no graded tasks (self-rated drills)"
+        )
+        return 0
+    _record_progress(res)
     if args.json:
         print(json.dumps(res.as_json(), indent=2))
     else:
@@ -221,6 +227,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"course check: not graded: {res.not_graded}", file=sys.stderr)
         return 2
     return 0 if res.tasks and res.score >= res.max_score else 1
+
+
+def _graded(chapter: str) -> bool:
+    """Whether the chapter has graded tasks at all (chapter 14's drills are self-rated)."""
+    return any(c["kind"] == "test" for c in grading.read_manifest(chapter))
+
+
+def _record_progress(res: CheckResult) -> None:
+    """The learner's progress (``course progress``, :mod:`course.progress`) notes the result;
+    a failure to record never changes the grade or the exit code."""
+    try:
+        from course.progress import record_check
+
+        if res.tasks:
+            record_check(res.chapter, res.score, res.max_score, via="course check")
+    except Exception:  # noqa: BLE001, S110
+        pass
 
 
 if __name__ == "__main__":

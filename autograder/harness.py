@@ -451,6 +451,9 @@ def selfcheck(chapter: str, namespace: dict | None = None) -> list[Result]:
         print("selfcheck: skipped while nbgrader grades this notebook (the test cells above are the grade)")
         return []
     results = [run_task(t, ns) for t in load_chapter(chapter)]
+    if not results:
+        print(f"selfcheck: chapter {chapter} has no graded tasks (its practice is self-rated)")
+        return results
     for res in results:
         print(fit(res.text()))
         print()
@@ -460,4 +463,15 @@ def selfcheck(chapter: str, namespace: dict | None = None) -> list[Result]:
         status = "done" if res.passed else "not done"
         print(f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {status}")
     print(f"total: {total:g}/{top:g}")
+    _record_progress(chapter, total, top)
     return results
+
+
+def _record_progress(chapter: str, score: float, max_score: float) -> None:
+    """``course progress`` shows the last result (:mod:`course.progress`); recording never breaks a selfcheck."""
+    try:
+        from course.progress import record_check
+
+        record_check(chapter, score, max_score, via="selfcheck")
+    except Exception:  # noqa: BLE001, S110
+        pass

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import pytest_asyncio
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# course check and selfcheck record results in the learner's progress file (course.progress):
+# the tests' results go to a file of their own, never to the home of whoever runs them.
+os.environ.setdefault("COURSE_STATE", os.path.join(tempfile.mkdtemp(prefix="course-state-"), "state.sqlite3"))
 
 # The browser tests drive JupyterLab in Chromium and need their own setup: `make test-browser`.
 if not os.environ.get("COURSE_BROWSER_TESTS"):

@@ -37,6 +37,8 @@ def test_every_answer_cell_has_a_graded_test_cell_with_the_registered_points(cha
     answers = [m["grade_id"] for c, m in _cells(nb) if m.get("solution") and c["cell_type"] == "code"]
     tests = {m["grade_id"]: m for c, m in _cells(nb) if m.get("grade") and c["cell_type"] == "code"}
     registered = {t.id: t for t in harness.load_chapter(chapter[:2])}
+    if not registered and not answers and not tests:  # self-rated: its checks module registers no task (14)
+        return
     assert answers, f"{chapter} has no graded task"
     assert set(registered) == set(answers), f"answer cells {answers} vs checks {sorted(registered)}"
     for task_id in answers:

@@ -6,6 +6,8 @@ course lab [ARGS...]     servers up, JupyterLab on the workbook, servers down on
 course check PATH        grade a notebook as the instructor's autograde would
 course assign CHAPTER    instructors: record a chapter in the gradebook as you hand it out
 course grade ASSIGNMENT  instructors: autograde a whole class, in parallel
+course drill             interview drills with spaced repetition (course.drill), or --export deck.apkg
+course progress          per chapter: the last graded score and the drill cards due and mastered
 """
 
 from __future__ import annotations
@@ -458,6 +460,11 @@ def assign_cmd(args) -> int:
     return _run_grader("autograder.assign", *args.chapters, *([f"--due={args.due}"] if args.due else []))
 
 
+def drill_cmd(args) -> int:
+    """``course drill`` and ``course progress`` belong to :mod:`course.drill` (chapter 14): run as a program."""
+    return _run_grader("course.drill", *(["progress"] if args.command == "progress" else []), *args.rest)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="course", description="Resilient Backend Patterns, a live workbook")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -496,6 +503,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("chapters", nargs="+", metavar="CHAPTER", help="as nbgrader names it (01_timeouts_and_retries)")
     p.add_argument("--due", help='due date, e.g. "2026-12-15 17:00:00 UTC"')
     p.set_defaults(fn=assign_cmd)
+    for name, what in (
+        ("drill", "interview drills with spaced repetition (--export deck.apkg for Anki)"),
+        ("progress", "per chapter: last graded score, drill cards due and mastered"),
+    ):
+        sub.add_parser(name, help=what, add_help=False)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["drill"], ["progress"]):  # every option is course.drill's own
+        return drill_cmd(argparse.Namespace(command=argv[0], rest=argv[1:]))
     args, extra = parser.parse_known_args(argv)
     if args.command == "lab":
         args.jupyter_args = extra
