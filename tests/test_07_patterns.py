@@ -136,3 +136,21 @@ async def test_07_an_armed_crash_fires_exactly_once(pool):
         await es.append(pool, "c", 0, [("AccountOpened", {"owner": "c"})])
     assert await es.append(pool, "c", 0, [("AccountOpened", {"owner": "c"})]) == 1
     assert await rig.disarm(pool, "es_events")
+
+
+async def test_07_a_snapshot_holds_only_the_events_its_own_append_wrote(pool, monkeypatch):
+    """A writer that appends between execute()'s append and its snapshot must not be counted twice."""
+    await es.execute(pool, "snap", es.open_account("ana"), es.account_evolve)
+    real_append = es.append
+
+    async def append_then_someone_else_appends(pool_, stream_id, expected, events):
+        after = await real_append(pool_, stream_id, expected, events)
+        await real_append(pool_, stream_id, after, [("Deposited", {"amount_cents": 7})])  # the concurrent writer
+        return after
+
+    monkeypatch.setattr(es, "append", append_then_someone_else_appends)
+    await es.execute(pool, "snap", es.deposit(100), es.account_evolve, snapshot_every=1)
+    monkeypatch.setattr(es, "append", real_append)
+    with_snapshot, _ = await es.load(pool, "snap", es.account_evolve)
+    without, _ = await es.load(pool, "snap", es.account_evolve, snapshots=False)
+    assert with_snapshot == without and without["balance_cents"] == 107, (with_snapshot, without)
