@@ -241,3 +241,52 @@ async def test_two_recoverers_never_drive_one_saga_twice(shop_ns):
     assert shop.outcome(order, before, await shop.effects(pool, order))[0] == "compensated"
     finals = [e for s, e, _ in await saga.history(pool, order["order_id"]) if s == "saga" and e != "begin"]
     assert finals == ["compensated"]
+
+
+async def test_recovery_never_drives_a_saga_that_a_live_instance_is_running(ans):
+    """A restarting instance's recover() ran a live saga's steps a second time (a shipped order
+    whose stock was being released): run() now holds the same lock recover() takes."""
+    pool = await ans.pool(max_size=6)
+    await saga.setup_schema(pool)
+    inside, release, calls = asyncio.Event(), asyncio.Event(), []
+
+    async def slow_reserve(pool_, data):
+        calls.append("reserve")
+        inside.set()
+        await release.wait()  # the live instance is in the middle of its first step
+
+    async def ship(pool_, data):
+        calls.append("ship")
+
+    async def nothing(pool_, data):
+        pass
+
+    steps = [saga.Step("reserve", slow_reserve, nothing), saga.Step("ship", ship, nothing)]
+    live = asyncio.ensure_future(saga.Orchestrator(steps).run(pool, "o-1", {"order": 1}))
+    await asyncio.wait_for(inside.wait(), 10)
+    assert await saga.unfinished(pool) == ["o-1"]
+    assert await saga.Orchestrator(steps).recover(pool) == []  # the live instance holds it
+    with pytest.raises(saga.SagaBusy):
+        await saga.Orchestrator(steps).run(pool, "o-1", {"order": 1})
+    release.set()
+    assert await asyncio.wait_for(live, 10) == "completed"
+    assert calls == ["reserve", "ship"], calls
+
+
+async def test_a_compensation_that_hits_a_bug_stops_instead_of_retrying_forever(ans):
+    pool = await ans.pool(max_size=4)
+    await saga.setup_schema(pool)
+
+    async def fails(pool_, data):
+        raise saga.StepFailed("declined")
+
+    async def buggy_undo(pool_, data):
+        raise KeyError("amount")  # a programming error: retrying it forever hides it
+
+    async def ok(pool_, data):
+        pass
+
+    orch = saga.Orchestrator([saga.Step("reserve", ok, buggy_undo), saga.Step("pay", fails, ok)], sleep=VirtualClock().sleep)
+    with pytest.raises(KeyError):
+        await orch.run(pool, "o-2", {})
+    assert await saga.unfinished(pool) == ["o-2"] and len(orch.retries) == 1
