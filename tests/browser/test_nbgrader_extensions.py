@@ -41,12 +41,13 @@ def test_formgrader_lists_the_workbook_assignments(instructor_lab, browser):
     print(f"screenshot {screenshot(page, 'nbgrader-formgrader')}")
 
 
-def _validate(page) -> str:
+def _validate(page, name: str) -> str:
     """Click the notebook toolbar's Validate, as a learner does, and return the dialog's text."""
     page.locator(".validate-button:visible").first.click()
     dialog = page.locator(".jp-Dialog")
     dialog.wait_for(timeout=240_000)
     text = dialog.inner_text()
+    print(f"screenshot {screenshot(page, name)}")
     page.keyboard.press("Escape")
     return text
 
@@ -55,9 +56,8 @@ def test_validate_fails_an_unfinished_chapter_and_passes_the_solution(learner_la
     """nbgrader's Validate button must not say "Success!" to a notebook worth 0 points."""
     first = chapter_name("00")
     student = Notebook(browser, learner_lab, f"notebooks/{first}/{first}.ipynb")
-    said = _validate(student.page)
-    print(f"screenshot {screenshot(student.page, 'validate-student-00')}")
+    said = _validate(student.page, "validate-student-00")
     assert "Success" not in said and "not done yet" in said, said[-1500:]
     solution = Notebook(browser, learner_lab, f"solutions/{first}/{first}.ipynb")
-    said = _validate(solution.page)
+    said = _validate(solution.page, "validate-solution-00")
     assert "Success! Your notebook passes all the tests." in said, said[-1500:]
