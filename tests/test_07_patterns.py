@@ -154,3 +154,24 @@ async def test_07_a_snapshot_holds_only_the_events_its_own_append_wrote(pool, mo
     with_snapshot, _ = await es.load(pool, "snap", es.account_evolve)
     without, _ = await es.load(pool, "snap", es.account_evolve, snapshots=False)
     assert with_snapshot == without and without["balance_cents"] == 107, (with_snapshot, without)
+
+
+async def test_07_an_event_the_index_can_never_take_is_dead_lettered_not_retried_forever(pool):
+    """A body past tsvector's 1 MB limit rolled its whole batch back on every round: the rows
+    behind it were never indexed. Now it is retried, then set aside, and the rest goes on."""
+    import random as _random
+
+    rng = _random.Random(7)
+    huge = " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10)) for _ in range(120_000))
+    async with pool.connection() as conn, conn.transaction():
+        await search.enqueue(conn, "too-big", 1, "upsert", "huge", huge)
+        for i in range(3):
+            await search.enqueue(conn, f"doc-{i}", 1, "upsert", f"title {i}", "small body")
+    assert await search.relay_once(pool) == 3  # the rows behind the bad one are indexed at once
+    for _ in range(search.MAX_ATTEMPTS):
+        await search.relay_once(pool)
+    dead = await search.dead_letters(pool)
+    assert [(d[1], d[3]) for d in dead] == [("too-big", search.MAX_ATTEMPTS)], dead
+    assert "too long" in dead[0][4]
+    assert await search.relay_once(pool) == 0
+    assert sorted(await search.search(pool, "small body")) == ["doc-0", "doc-1", "doc-2"]
