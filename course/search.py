@@ -178,13 +178,13 @@ async def relay_once(
     """
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
-            "SELECT id, doc_id, version, op, payload, attempts FROM search_outbox "
+            "SELECT id, doc_id, version, op, payload FROM search_outbox "
             "WHERE published_at IS NULL AND dead_at IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
             (batch,),
         )
         rows = await cur.fetchall()
         done = []
-        for *row, attempts in rows:
+        for row in rows:
             try:
                 await indexer(index_pool or pool, outbox_event(row))
             except Exception as err:  # noqa: BLE001 - sorted below: the index's fault or this row's

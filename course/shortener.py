@@ -33,6 +33,7 @@ from collections.abc import Callable
 import redis.exceptions
 from psycopg.types.json import Jsonb
 
+from course.backoff import FullJitter, LoopErrors
 from course.breaker import CircuitBreaker, CircuitOpenError
 from course.caching import jittered_ms
 from course.idempotency import IdempotencyKeyReused, RequestInProgress, request_hash
@@ -468,6 +469,7 @@ class ClickAggregator:
         self.committed: tuple[int, int] = (0, 0)  # the last entry whose count PostgreSQL holds
         self.counted: tuple[int, int] = (0, 0)  # the last entry counted, flushed or not
         self.flushed = 0  # clicks written to PostgreSQL
+        self.errors = LoopErrors(FullJitter(0.05, 2.0))  # what run() survived: count, streak, last
         self._started = False
 
     async def start(self) -> None:
@@ -548,7 +550,13 @@ class ClickAggregator:
         return await self.flush()
 
     async def run(self, every: float = 1.0) -> None:
-        """Poll continuously and flush every ``every`` seconds until cancelled."""
+        """Poll continuously and flush every ``every`` seconds until cancelled.
+
+        Neither Redis nor PostgreSQL going away ends it (it used to die on the first
+        PostgreSQL error, and clicks piled up unacknowledged while the service looked fine):
+        every error is counted in ``self.errors`` and the loop backs off and goes on. Counts
+        not yet flushed stay in memory and the entries stay unacknowledged, so nothing is lost.
+        """
         last = time.monotonic()
         recovered = False
         while True:
@@ -560,9 +568,11 @@ class ClickAggregator:
                 if time.monotonic() - last >= every:
                     await self.flush()
                     last = time.monotonic()
-            except CACHE_DOWN:
+            except Exception as err:  # noqa: BLE001 - an aggregator that dies on its first error counts nothing
                 recovered = False
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(self.errors.failed(err))
+                continue
+            self.errors.succeeded()
 
 
 async def link_stats(pool, code: str) -> dict | None:

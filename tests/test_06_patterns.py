@@ -290,3 +290,21 @@ async def test_a_compensation_that_hits_a_bug_stops_instead_of_retrying_forever(
     with pytest.raises(KeyError):
         await orch.run(pool, "o-2", {})
     assert await saga.unfinished(pool) == ["o-2"] and len(orch.retries) == 1
+
+
+async def test_the_outbox_relay_loop_survives_an_error_and_counts_it():
+    from course.backoff import LoopErrors
+
+    stop, calls, errors = asyncio.Event(), [], LoopErrors()
+
+    async def relay(pool, redis, stream, limit):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("redis went away")
+        if len(calls) == 3:
+            stop.set()
+        return 0
+
+    clock = VirtualClock()
+    await outbox.relay_forever(None, None, "s", stop=stop, sleep=clock.sleep, relay=relay, errors=errors)
+    assert len(calls) == 3 and errors.count == 1 and errors.streak == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 
@@ -175,3 +177,22 @@ async def test_07_an_event_the_index_can_never_take_is_dead_lettered_not_retried
     assert "too long" in dead[0][4]
     assert await search.relay_once(pool) == 0
     assert sorted(await search.search(pool, "small body")) == ["doc-0", "doc-1", "doc-2"]
+
+
+async def test_07_a_projector_loop_survives_a_failing_batch(pool):
+    from course.backoff import LoopErrors
+    from course.kit.faults import VirtualClock
+
+    stop, seen, errors = asyncio.Event(), [], LoopErrors()
+    projector = projections.Projector("loop-test", lambda conn, e: None, [])
+
+    async def catch_up(pool_, batch=200):
+        seen.append(1)
+        if len(seen) == 1:
+            raise psycopg.OperationalError("connection lost")
+        stop.set()
+        return 0
+
+    projector.catch_up = catch_up
+    await projector.run(pool, stop, sleep=VirtualClock().sleep, errors=errors)
+    assert len(seen) == 2 and errors.count == 1
