@@ -344,10 +344,15 @@ async def sliding_window(redis, key: str, limit: int, window: float, now: float 
 class LocalTokenBucket:
     """An in-process token bucket per client (the fallback's limit: its share of the global one)."""
 
-    def __init__(self, capacity: float, rate: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, capacity: float, rate: float, *, clock: Callable[[], float] = time.monotonic, max_clients: int = 10_000
+    ) -> None:
         self.capacity = float(capacity)
         self.rate = float(rate)
         self.clock = clock
+        self.max_clients = max_clients
+        # Least recently used first. Evicting by first insertion instead forgot the busiest
+        # client (seen first, seen constantly) and handed it a full bucket again.
         self._buckets: dict[str, tuple[float, float]] = {}
 
     async def hit(self, client: str, cost: int = 1, now: float | None = None) -> Decision:
@@ -357,8 +362,9 @@ class LocalTokenBucket:
         allowed = tokens >= cost
         if allowed:
             tokens -= cost
+        self._buckets.pop(client, None)  # re-inserted last: the dict's order is recency of use
         self._buckets[client] = (tokens, now)
-        if len(self._buckets) > 10_000:  # bounded: forget the oldest clients
+        if len(self._buckets) > self.max_clients:  # bounded: forget the least recently seen client
             self._buckets.pop(next(iter(self._buckets)))
         wait = 0.0 if allowed else (cost - tokens) / self.rate
         return Decision(

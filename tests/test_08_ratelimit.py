@@ -153,3 +153,13 @@ def test_08_ipv6_clients_are_limited_per_64():
     key = rl.ClientKey()
     assert key(_scope("2001:db8:1:2::1")) == key(_scope("2001:db8:1:2:ffff::9"))
     assert key(_scope("2001:db8:1:2::1")) != key(_scope("2001:db8:1:3::1"))
+
+
+async def test_08_the_local_bucket_forgets_the_least_recently_seen_client_not_the_busiest():
+    bucket = rl.LocalTokenBucket(3, 0.001, clock=lambda: 0.0, max_clients=3)  # no time passes
+    for _ in range(3):
+        await bucket.hit("abuser")  # seen first, and again and again: its bucket is empty
+    for i in range(10):
+        await bucket.hit(f"passer-by-{i}")
+        await bucket.hit("abuser")
+    assert not (await bucket.hit("abuser")).allowed  # evicted by insertion order, it got 3 fresh tokens
