@@ -308,3 +308,31 @@ async def test_the_outbox_relay_loop_survives_an_error_and_counts_it():
     clock = VirtualClock()
     await outbox.relay_forever(None, None, "s", stop=stop, sleep=clock.sleep, relay=relay, errors=errors)
     assert len(calls) == 3 and errors.count == 1 and errors.streak == 0
+
+
+async def test_the_cdc_relay_drains_a_long_slot_one_page_at_a_time(shop_ns, monkeypatch):
+    """It peeked the whole slot at once: a slot far behind was decoded into memory in one go."""
+    ns, pool, _ = shop_ns
+    await _needs(ns, "cdc")
+    r = ns.redis()
+    async with await psycopg.AsyncConnection.connect(ns.database_url, autocommit=True) as conn:
+        slot, pub = slots.names(ns.name, "paged")
+        await cdc.create_slot(conn, slot, pub, ["outbox"])
+        try:
+            for i in range(12):
+                async with pool.connection() as w, w.transaction():
+                    await outbox.enqueue(w, "order", f"o-{i}", "OrderPlaced", {"i": i})
+            sizes, real_read = [], cdc.read
+
+            async def read(*args, **kwargs):
+                got = await real_read(*args, **kwargs)
+                sizes.append(sum(len(t.changes) for t in got))
+                return got
+
+            monkeypatch.setattr(cdc, "read", read)
+            stream = f"{ns.key_prefix}paged"
+            assert await cdc.relay_from_slot(conn, r, stream, slot, pub, page=3) == 12
+            assert max(sizes) <= 3 and sizes[-1] == 0, sizes
+            assert [f["aggregate_id"] for _, f in await r.xrange(stream)] == [f"o-{i}" for i in range(12)]
+        finally:
+            await cdc.drop_slot(conn, slot, pub)
