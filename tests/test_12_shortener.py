@@ -348,3 +348,21 @@ async def test_the_click_aggregator_survives_a_database_error_and_counts_it(ans,
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert agg.flushed == 5 and agg.errors.count == 2 and "OperationalError" in agg.errors.last, agg.errors
+
+
+async def test_concurrent_misses_of_a_hot_link_read_postgres_once_with_single_flight(ans, pool, monkeypatch):
+    """After Redis restarts empty, every request for a hot link went to PostgreSQL at once."""
+    from course.caching import SingleFlight
+
+    made = await shortener.create_link(pool, "https://example.com/hot")
+    reads, real = [], shortener.find_link
+
+    async def counted(pool_, code):
+        reads.append(code)
+        await asyncio.sleep(0.01)  # the query takes a moment: everyone arrives while it runs
+        return await real(pool_, code)
+
+    monkeypatch.setattr(shortener, "find_link", counted)
+    breaker, redis, flight = shortener.cache_breaker(), ans.redis(), SingleFlight()
+    got = await asyncio.gather(*(shortener.resolve(made["code"], redis, pool, breaker, flight=flight) for _ in range(50)))
+    assert set(got) == {"https://example.com/hot"} and len(reads) == 1, len(reads)
