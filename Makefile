@@ -15,8 +15,9 @@ $(READY): pyproject.toml constraints.txt
 	touch $(READY)
 
 ## JupyterLab on the workbook, with live Redis and PostgreSQL (stopped when you quit)
+LAB_ARGS ?=
 lab: $(READY)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/course lab
+	PATH="$(CURDIR)/$(BIN):$$PATH" exec $(BIN)/course lab $(LAB_ARGS)
 
 ## The whole test suite: course/ units, every chapter notebook, grading contracts, nbgrader flow
 ## (installs bubblewrap, the grading sandbox, with apt-get when root and missing)

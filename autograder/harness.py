@@ -33,7 +33,10 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PUBLIC_PASSED = "public checks passed; hidden checks run at grading"
+PUBLIC_PASSED = (
+    "public checks passed: a quick smoke test, not the grade (the hidden checks add crashes, races and "
+    "replicas; selfcheck at the end of the chapter runs them)"
+)
 
 
 @dataclass
@@ -433,6 +436,9 @@ def public(task_id: str, namespace: dict | None = None) -> None:
     """The visible checks of a task: a quick subset of the graded ones."""
     ns = namespace if namespace is not None else _caller_namespace()
     t = get_task(task_id)
+    if _validating():
+        _validate(t, ns)
+        return
     res = run_task(t, ns, public=True)
     if res.not_done:  # an unfinished task is not an error: Run All goes on to the next task
         print(f"{task_id}: not done yet (write your answer in the cell above, then run this cell)")
@@ -444,13 +450,53 @@ def public(task_id: str, namespace: dict | None = None) -> None:
     raise TaskFailed(f"{task_id}: a public check failed (see the lines above)")
 
 
+def _validating() -> bool:
+    """True while nbgrader's Validate (the toolbar button, or `nbgrader validate`) runs the notebook."""
+    return os.environ.get("NBGRADER_EXECUTION") == "validate" or os.environ.get("NBGRADER_VALIDATING") == "1"
+
+
+def _validate(t: Task, ns: dict) -> None:
+    """What a test cell does under Validate: the hidden checks, and an error unless they all pass.
+
+    Validate calls a notebook good when no test cell fails, and the public checks are a smoke
+    test: an unfinished task or one the hidden checks reject must fail here, or Validate says
+    "Success!" to a notebook worth 0 points. Run in the learner's own kernel, so it is the
+    learner's help, not the grade.
+    """
+    res = run_task(t, ns)
+    if res.not_done:
+        raise TaskFailed(f"{t.id}: not done yet (0/{t.points:g} points)")
+    print(fit(res.text()))
+    if not res.passed:
+        raise TaskFailed(f"{t.id}: {res.points:g}/{res.max_points:g} points (see the lines above)")
+
+
+def _status(res: Result) -> str:
+    if res.passed:
+        return "done"
+    if res.not_done:
+        return "not done"
+    return "started, falls short" if res.points > 0 else "started, 0 points"
+
+
+def _in_notebook_order(chapter: str, tasks: list[Task]) -> list[Task]:
+    """The chapter's tasks in the order its test cells stand in the notebook."""
+    try:
+        from autograder.grading import read_manifest
+
+        order = [c.get("task") for c in read_manifest(chapter) if c.get("kind") == "test"]
+    except Exception:  # noqa: BLE001 - no manifest (a harness test): registration order
+        return tasks
+    return sorted(tasks, key=lambda t: order.index(t.id) if t.id in order else len(order))
+
+
 def selfcheck(chapter: str, namespace: dict | None = None) -> list[Result]:
     """Run every graded check of a chapter on this notebook's code and print a summary."""
     ns = namespace if namespace is not None else _caller_namespace()
     if os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate"):
         print("selfcheck: skipped while nbgrader grades this notebook (the test cells above are the grade)")
         return []
-    results = [run_task(t, ns) for t in load_chapter(chapter)]
+    results = [run_task(t, ns) for t in _in_notebook_order(chapter, load_chapter(chapter))]
     if not results:
         print(f"selfcheck: chapter {chapter} has no graded tasks (its practice is self-rated)")
         return results
@@ -460,8 +506,7 @@ def selfcheck(chapter: str, namespace: dict | None = None) -> list[Result]:
     total = sum(r.points for r in results)
     top = sum(r.max_points for r in results)
     for res in results:
-        status = "done" if res.passed else "not done"
-        print(f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {status}")
+        print(f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {_status(res)}")
     print(f"total: {total:g}/{top:g}")
     _record_progress(chapter, total, top)
     return results

@@ -138,3 +138,41 @@ def sample(strategy: Backoff, attempts: int, clients: int, *, seed: int = 0) -> 
     """``clients`` independent delay sequences of ``attempts`` waits each (seeded)."""
     rng = random.Random(seed)
     return [strategy.delays(attempts, rng.random) for _ in range(clients)]
+
+
+@dataclass
+class LoopErrors:
+    """What a background loop keeps so that it survives its errors: catch, back off, count, go on.
+
+    A relay, a projector or an aggregator that dies on its first error stops silently while
+    the service around it looks healthy (the backlog grows, nobody is paged). Instead::
+
+        errors = LoopErrors()
+        while not stop.is_set():
+            try:
+                await step()
+            except Exception as err:
+                await sleep(errors.failed(err))  # full-jitter backoff on the streak
+                continue
+            errors.succeeded()
+
+    ``count`` and ``last`` are what a health endpoint or a metric reports; ``streak`` drives
+    the backoff and resets on the first success.
+    """
+
+    backoff: Backoff = FullJitter(0.05, 5.0)
+    rand: Rand = random.random
+    count: int = 0
+    streak: int = 0
+    last: str | None = None
+
+    def failed(self, err: BaseException) -> float:
+        """Record ``err``; the seconds to wait before the next try."""
+        self.count += 1
+        self.last = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        delay = self.backoff.delay(self.streak, rand=self.rand)
+        self.streak += 1
+        return delay
+
+    def succeeded(self) -> None:
+        self.streak = 0

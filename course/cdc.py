@@ -189,26 +189,30 @@ async def slot_status(conn, slot: str) -> dict | None:
     return dict(zip(keys, row, strict=True))
 
 
-async def relay_from_slot(conn, redis, stream: str, slot: str, publication: str, *, table: str = "outbox") -> int:
+async def relay_from_slot(
+    conn, redis, stream: str, slot: str, publication: str, *, table: str = "outbox", page: int = 1000
+) -> int:
     """The CDC relay: peek the outbox inserts, XADD them in commit order, then advance the slot.
 
-    Returns the number of events published. Row values arrive as text (pgoutput's text
-    format): ``payload`` is the JSON text of the jsonb column.
+    Reads ``page`` changes at a time (whole transactions), publishes and confirms them, and
+    goes on until the slot is drained: a slot that fell a million changes behind is never
+    decoded into memory at once. A crash between the XADD and the advance republishes at
+    most one page (at-least-once, like the polling relay). Returns the number of events
+    published. Row values arrive as text (pgoutput's text format): ``payload`` is the JSON
+    text of the jsonb column.
     """
-    txns = await read(conn, slot, publication, peek=True)
-    if not txns:
-        return 0
     n = 0
-    pipe = redis.pipeline(transaction=False)
-    for txn in txns:
-        for op, name, row in txn.changes:
-            if op == "insert" and name == table:
-                pipe.xadd(
-                    stream,
-                    {k: row[k] for k in ("aggregate_type", "aggregate_id", "event_type", "payload")}
-                    | {"event_id": row["id"]},
-                )
-                n += 1
-    await pipe.execute()
-    await advance(conn, slot, txns[-1].end_lsn)
+    while txns := await read(conn, slot, publication, peek=True, limit=page):
+        pipe = redis.pipeline(transaction=False)
+        for txn in txns:
+            for op, name, row in txn.changes:
+                if op == "insert" and name == table:
+                    pipe.xadd(
+                        stream,
+                        {k: row[k] for k in ("aggregate_type", "aggregate_id", "event_type", "payload")}
+                        | {"event_id": row["id"]},
+                    )
+                    n += 1
+        await pipe.execute()
+        await advance(conn, slot, txns[-1].end_lsn)
     return n

@@ -152,13 +152,15 @@ def _row_event(row) -> Event:
     return upcast(Event(kind, data, stream_id, version, position))
 
 
-async def read_stream(pool_or_conn, stream_id: str, after_version: int = 0) -> list[Event]:
-    """The events of one stream with ``version > after_version``, upcast, in version order."""
+async def read_stream(
+    pool_or_conn, stream_id: str, after_version: int = 0, up_to_version: int | None = None
+) -> list[Event]:
+    """The events of one stream with ``after_version < version <= up_to_version``, upcast, in order."""
     async with connection(pool_or_conn) as conn:
         cur = await conn.execute(
             "SELECT position, stream_id, version, type, data FROM es_events "
-            "WHERE stream_id = %s AND version > %s ORDER BY version",
-            (stream_id, after_version),
+            "WHERE stream_id = %s AND version > %s AND (%s::int IS NULL OR version <= %s::int) ORDER BY version",
+            (stream_id, after_version, up_to_version, up_to_version),
         )
         return [_row_event(row) for row in await cur.fetchall()]
 
@@ -270,9 +272,10 @@ async def execute(
                 raise
             continue
         if snapshot_every and after // snapshot_every > version // snapshot_every:
-            await save_snapshot(
-                pool, stream_id, after, fold(await read_stream(pool, stream_id, version), evolve, state)
-            )
+            # Fold exactly the events this append wrote (version, after]: a writer that appended
+            # after us must not slip into a snapshot labelled `after`, or load() applies it twice.
+            mine = await read_stream(pool, stream_id, version, up_to_version=after)
+            await save_snapshot(pool, stream_id, after, fold(mine, evolve, state))
         return after
     raise AssertionError("unreachable")
 

@@ -40,6 +40,8 @@ from collections.abc import Awaitable, Callable
 
 from psycopg.types.json import Jsonb
 
+from course.backoff import LoopErrors
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -147,12 +149,24 @@ async def relay_forever(
     limit: int = 100,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     relay: Callable[..., Awaitable[int]] = relay_batch,
+    errors: LoopErrors | None = None,
 ) -> int:
     """Poll every ``interval`` seconds until ``stop`` is set; drain without sleeping while a
-    batch comes back full. Returns the number of events published."""
+    batch comes back full. Returns the number of events published.
+
+    An error (Redis or PostgreSQL away) does not end the loop: it is counted in ``errors``
+    (a :class:`~course.backoff.LoopErrors`, pass one to read it) and the next round comes
+    after a jittered backoff; the unpublished rows simply wait.
+    """
+    errors = errors if errors is not None else LoopErrors()
     total = 0
     while not stop.is_set():
-        n = await relay(pool, redis, stream, limit=limit)
+        try:
+            n = await relay(pool, redis, stream, limit=limit)
+        except Exception as err:  # noqa: BLE001 - a relay that dies on its first error relays nothing
+            await sleep(errors.failed(err))
+            continue
+        errors.succeeded()
         total += n
         if n < limit:
             await sleep(interval)

@@ -27,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from course import eventstore
+from course.backoff import LoopErrors
 from course.eventstore import Event
 from course.kit.lab import connection
 
@@ -147,10 +148,23 @@ class Projector:
             )
         return await self.catch_up(pool, batch)
 
-    async def run(self, pool, stop: asyncio.Event, interval: float = 0.05, sleep=asyncio.sleep) -> None:
-        """Poll and apply until ``stop`` is set (a projector process in a few lines)."""
+    async def run(
+        self, pool, stop: asyncio.Event, interval: float = 0.05, sleep=asyncio.sleep, errors: LoopErrors | None = None
+    ) -> None:
+        """Poll and apply until ``stop`` is set (a projector process in a few lines).
+
+        An error does not end it: the batch rolled back with its checkpoint, so the next
+        round retries it after a jittered backoff; ``errors`` counts them (its ``streak``
+        growing means one event keeps failing: alert on it).
+        """
+        errors = errors if errors is not None else LoopErrors()
         while not stop.is_set():
-            await self.catch_up(pool)
+            try:
+                await self.catch_up(pool)
+            except Exception as err:  # noqa: BLE001 - a projector that dies on its first error goes stale silently
+                await sleep(errors.failed(err))
+                continue
+            errors.succeeded()
             await sleep(interval)
 
 

@@ -28,6 +28,8 @@ server's own clock (``TIME``), so the clocks of the replicas never enter the dec
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import ipaddress
 import json
 import math
 import secrets
@@ -342,10 +344,15 @@ async def sliding_window(redis, key: str, limit: int, window: float, now: float 
 class LocalTokenBucket:
     """An in-process token bucket per client (the fallback's limit: its share of the global one)."""
 
-    def __init__(self, capacity: float, rate: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, capacity: float, rate: float, *, clock: Callable[[], float] = time.monotonic, max_clients: int = 10_000
+    ) -> None:
         self.capacity = float(capacity)
         self.rate = float(rate)
         self.clock = clock
+        self.max_clients = max_clients
+        # Least recently used first. Evicting by first insertion instead forgot the busiest
+        # client (seen first, seen constantly) and handed it a full bucket again.
         self._buckets: dict[str, tuple[float, float]] = {}
 
     async def hit(self, client: str, cost: int = 1, now: float | None = None) -> Decision:
@@ -355,8 +362,9 @@ class LocalTokenBucket:
         allowed = tokens >= cost
         if allowed:
             tokens -= cost
+        self._buckets.pop(client, None)  # re-inserted last: the dict's order is recency of use
         self._buckets[client] = (tokens, now)
-        if len(self._buckets) > 10_000:  # bounded: forget the oldest clients
+        if len(self._buckets) > self.max_clients:  # bounded: forget the least recently seen client
             self._buckets.pop(next(iter(self._buckets)))
         wait = 0.0 if allowed else (cost - tokens) / self.rate
         return Decision(
@@ -425,13 +433,77 @@ def rate_limit_headers(decision: Decision, policy: tuple[int, float], name: str 
     return headers
 
 
-def client_key(scope) -> str:
-    """Whom to limit: the API key header if there is one, else the client's address."""
-    for name, value in scope.get("headers", []):
-        if name == b"x-api-key":
-            return "key:" + value.decode("latin-1")
-    client = scope.get("client") or ("unknown", 0)
-    return "ip:" + str(client[0])
+class ClientKey:
+    """Whom to limit, decided only from what the server can trust.
+
+    - An ``X-API-Key`` counts only once ``authenticate(key)`` maps it to an account: a
+      limiter keyed on the raw header gives an attacker a fresh bucket per made-up key.
+      Unknown keys are limited by address, like anonymous traffic.
+    - The address is the TCP peer, unless the peer is one of ``trusted_proxies``: then the
+      client is the right-most ``X-Forwarded-For`` entry that is not a trusted proxy (entries
+      to its left were written by the client and prove nothing). Behind a load balancer
+      without this, every client shares the balancer's one bucket.
+    - IPv6 clients are limited per /64 (one host usually owns a whole /64 and can rotate
+      through it); IPv4 per address.
+    - Names are hashed before they become Redis keys: no raw header reaches a key name.
+    """
+
+    def __init__(self, *, trusted_proxies=(), authenticate: Callable[[str], str | None] | None = None) -> None:
+        self.trusted = [ipaddress.ip_network(p, strict=False) for p in trusted_proxies]
+        self.authenticate = authenticate
+
+    def _trusted(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in self.trusted)
+
+    def address(self, scope) -> str:
+        peer = str((scope.get("client") or ("unknown", 0))[0])
+        if not self._trusted(peer):
+            return peer
+        forwarded = [
+            part.strip()
+            for name, value in scope.get("headers", [])
+            if name == b"x-forwarded-for"
+            for part in value.decode("latin-1").split(",")
+        ]
+        for hop in reversed(forwarded):  # right to left: the nearest hop first
+            if not self._trusted(hop):
+                return hop
+        return peer
+
+    @staticmethod
+    def bucket(address: str) -> str:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return address
+        if ip.version == 6:
+            if ip.ipv4_mapped is not None:
+                return str(ip.ipv4_mapped)
+            return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+        return str(ip)
+
+    def __call__(self, scope) -> str:
+        if self.authenticate is not None:
+            for name, value in scope.get("headers", []):
+                if name == b"x-api-key":
+                    account = self.authenticate(value.decode("latin-1"))
+                    if account is not None:
+                        return "acct:" + _digest(account)
+                    break  # an unknown key is anonymous traffic
+        return "ip:" + _digest(self.bucket(self.address(scope)))
+
+
+def _digest(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:24]
+
+
+#: The default: no proxy trusted, no API keys known, so every client is limited by its address.
+#: Configure your own: ``ClientKey(trusted_proxies=["10.0.0.0/8"], authenticate=accounts.get)``.
+client_key = ClientKey()
 
 
 class RateLimitMiddleware:

@@ -41,10 +41,14 @@ you (its event history) and replay it after a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import psycopg
+import psycopg.errors
 from psycopg.types.json import Jsonb
 
 from course.backoff import Backoff, FullJitter
@@ -77,6 +81,49 @@ async def setup_schema(pool) -> None:
 
 class StepFailed(Exception):
     """A step said no (out of stock, card declined): a business outcome, so the saga compensates."""
+
+
+class SagaBusy(Exception):
+    """Another orchestrator (a live instance, or a recoverer) is driving this saga right now."""
+
+
+#: Errors a step's action is retried on (a bounded number of times): the network, a timeout,
+#: a lost database connection.
+TRANSIENT: tuple[type[BaseException], ...] = (OSError, TimeoutError, ConnectionError, psycopg.OperationalError)
+
+#: Errors that are bugs, not weather: a compensation that raises one is not retried forever
+#: (that only hides the bug); the saga stops where it is, logged and unfinished, and recover()
+#: finishes it once the fix is deployed. Every other error of a compensation is retried.
+BUGS: tuple[type[BaseException], ...] = (
+    TypeError,
+    NameError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    AssertionError,
+    NotImplementedError,
+    psycopg.errors.SyntaxErrorOrAccessRuleViolation,  # SQLSTATE class 42: bad SQL, a missing table or column
+)
+
+
+@asynccontextmanager
+async def claimed(pool, saga_id: str):
+    """Hold the saga's advisory lock on a connection of its own while the body runs; yields
+    False (and holds nothing) when another orchestrator holds it.
+
+    run() and recover() take the same lock, so a restarting instance's recovery never drives
+    a saga that a live instance is still running (and two recoverers never drive one saga).
+    A crashed holder's session ends and PostgreSQL releases its lock with it.
+    """
+    async with pool.connection() as claim:
+        cur = await claim.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 6))", (saga_id,))
+        mine = bool((await cur.fetchone())[0])
+        try:
+            yield mine
+        finally:
+            if mine:
+                with contextlib.suppress(Exception):  # a broken session has released it already
+                    await claim.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 6))", (saga_id,))
 
 
 Action = Callable[[object, dict], Awaitable[None]]
@@ -199,10 +246,31 @@ class Orchestrator:
     def __post_init__(self) -> None:
         self._by_name = {step.name: step for step in self.steps}
 
+    #: Attempts of a step that fails on a :data:`TRANSIENT` error before the saga stops,
+    #: unfinished, for recover() to finish later (a step is idempotent: retrying it is safe).
+    step_attempts: int = 5
+
     async def run(self, pool, saga_id: str, data: dict) -> str:
-        """Run a new saga to its end: ``"completed"`` or ``"compensated"``."""
-        await log(pool, saga_id, SAGA, "begin", data)
-        return await self._forward(pool, saga_id, data, SagaState(data=data))
+        """Run a new saga to its end: ``"completed"`` or ``"compensated"``.
+
+        Raises :class:`SagaBusy` when another orchestrator holds the saga's lock.
+        """
+        async with claimed(pool, saga_id) as mine:
+            if not mine:
+                raise SagaBusy(saga_id)
+            await log(pool, saga_id, SAGA, "begin", data)
+            return await self._forward(pool, saga_id, data, SagaState(data=data))
+
+    async def _act(self, step: Step, pool, data: dict) -> None:
+        """A step's action, retried a bounded number of times on a transient error."""
+        for attempt in range(self.step_attempts):
+            try:
+                await step.action(pool, data)
+                return
+            except TRANSIENT:
+                if attempt + 1 == self.step_attempts:
+                    raise  # the saga stays unfinished; recover() picks it up
+                await self.sleep(self.backoff.delay(attempt, rand=self.rand))
 
     async def _forward(self, pool, saga_id: str, data: dict, state: SagaState) -> str:
         for step in self.steps:
@@ -212,7 +280,7 @@ class Orchestrator:
             if step.name not in state.started:
                 state.started.append(step.name)
             try:
-                await step.action(pool, data)
+                await self._act(step, pool, data)
             except StepFailed as err:
                 await log(pool, saga_id, step.name, "failed", {"error": str(err)})
                 state.failed = True
@@ -234,13 +302,21 @@ class Orchestrator:
         return "compensated"
 
     async def _until_done(self, step: Step, pool, data: dict) -> None:
-        """Retry a compensation until it succeeds: skipping one leaves the saga half-undone."""
+        """Retry a compensation until it succeeds: skipping one leaves the saga half-undone.
+
+        Any error is retried with backoff for as long as it takes, except a bug (:data:`BUGS`):
+        it is recorded and raised, and the saga stays "cancelling" in the log until the fix is
+        deployed and recover() finishes it.
+        """
         attempt = 0
         while True:
             try:
                 await step.compensation(pool, data)
                 return
-            except Exception as err:  # noqa: BLE001 - any failure of a compensation is retried
+            except BUGS as err:
+                self.retries.append((step.name, f"{type(err).__name__}: {err}".splitlines()[0] + " (a bug: not retried)"))
+                raise
+            except Exception as err:  # noqa: BLE001 - anything else is retried until it succeeds
                 self.retries.append((step.name, f"{type(err).__name__}: {err}".splitlines()[0]))
                 await self.sleep(self.backoff.delay(attempt, rand=self.rand))
                 attempt += 1
@@ -262,13 +338,19 @@ class Orchestrator:
         """
         finished = []
         for saga_id in await unfinished(pool):
-            async with pool.connection() as claim:
-                cur = await claim.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 6))", (saga_id,))
-                if not (await cur.fetchone())[0]:
-                    continue
-                try:
-                    if await self.resume(pool, saga_id) is not None:
-                        finished.append(saga_id)
-                finally:
-                    await claim.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 6))", (saga_id,))
+            async with claimed(pool, saga_id) as mine:
+                if mine and await self.resume(pool, saga_id) is not None:
+                    finished.append(saga_id)
         return finished
+
+    async def sweep_forever(self, pool, *, every: float = 30.0, on_error=None) -> None:
+        """Run :meth:`recover` every ``every`` seconds: a saga whose instance died is finished
+        by whichever instance sweeps next, not only after a restart. An error (the database
+        away, a bug in one saga) is reported to ``on_error`` and the sweep goes on."""
+        while True:
+            try:
+                await self.recover(pool)
+            except Exception as err:  # noqa: BLE001 - a sweeper that dies on its first error sweeps nothing
+                if on_error is not None:
+                    on_error(err)
+            await self.sleep(every)

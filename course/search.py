@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import psycopg
+import psycopg.errors
 from psycopg.types.json import Jsonb
 
 from course.kit.lab import connection
@@ -54,7 +56,14 @@ CREATE TABLE IF NOT EXISTS search_outbox (
     published_at timestamptz
 );
 CREATE INDEX IF NOT EXISTS search_outbox_unpublished ON search_outbox (id) WHERE published_at IS NULL;
+-- A row the indexer keeps refusing is retried, then set aside: it must not hold up the rows behind it.
+ALTER TABLE search_outbox ADD COLUMN IF NOT EXISTS attempts   integer NOT NULL DEFAULT 0;
+ALTER TABLE search_outbox ADD COLUMN IF NOT EXISTS last_error text;
+ALTER TABLE search_outbox ADD COLUMN IF NOT EXISTS dead_at    timestamptz;
 """
+
+#: Deliveries of one outbox row that fail on the row itself before it is dead-lettered.
+MAX_ATTEMPTS = 5
 
 #: The text search configuration: English stemming ("indexing" and "indexes" both match "index").
 CONFIG = "english"
@@ -146,31 +155,73 @@ def outbox_event(row) -> dict:
 Indexer = Callable[[object, dict], Awaitable[object]]
 
 
-async def relay_once(pool, indexer: Indexer = index_event, *, batch: int = 50, index_pool=None) -> int:
+def transient(err: BaseException) -> bool:
+    """An error of the index as a whole (down, slow, unreachable), not of one event."""
+    if isinstance(err, psycopg.errors.ProgramLimitExceeded):
+        return False  # "string is too long for tsvector": this event will never fit
+    return isinstance(err, (OSError, TimeoutError, psycopg.OperationalError))
+
+
+async def relay_once(
+    pool, indexer: Indexer = index_event, *, batch: int = 50, index_pool=None, max_attempts: int = MAX_ATTEMPTS
+) -> int:
     """Deliver up to ``batch`` unpublished outbox events to ``indexer``; how many were published.
 
     The claimed rows stay locked (``FOR UPDATE SKIP LOCKED``) until they are marked
-    published in the same transaction, so a second relay skips them, and an indexer error
-    (or a crash) leaves them unpublished for the next round: at-least-once delivery.
+    published in the same transaction, so a second relay skips them. When the index itself
+    fails (:func:`transient`) the whole batch rolls back and stays for the next round:
+    at-least-once delivery. When one event fails on its own (a body too long to index, a
+    malformed payload), that row counts an attempt and the rest of the batch goes on; after
+    ``max_attempts`` it is dead-lettered (``dead_at``), so one bad row never blocks the rows
+    behind it forever (chapter 05's head-of-line lesson). Per-document versions make
+    skipping safe: a newer version of the same document still wins.
     """
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
-            "SELECT id, doc_id, version, op, payload FROM search_outbox WHERE published_at IS NULL "
-            "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
+            "SELECT id, doc_id, version, op, payload FROM search_outbox "
+            "WHERE published_at IS NULL AND dead_at IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
             (batch,),
         )
         rows = await cur.fetchall()
+        done = []
         for row in rows:
-            await indexer(index_pool or pool, outbox_event(row))
-        if rows:
-            await conn.execute(
-                "UPDATE search_outbox SET published_at = now() WHERE id = ANY(%s)", ([row[0] for row in rows],)
-            )
-    return len(rows)
+            try:
+                await indexer(index_pool or pool, outbox_event(row))
+            except Exception as err:  # noqa: BLE001 - sorted below: the index's fault or this row's
+                if transient(err):
+                    raise
+                await conn.execute(
+                    "UPDATE search_outbox SET attempts = attempts + 1, last_error = %s, "
+                    "dead_at = CASE WHEN attempts + 1 >= %s THEN now() END WHERE id = %s",
+                    (f"{type(err).__name__}: {err}"[:500], max_attempts, row[0]),
+                )
+                continue
+            done.append(row[0])
+        if done:
+            await conn.execute("UPDATE search_outbox SET published_at = now() WHERE id = ANY(%s)", (done,))
+    return len(done)
+
+
+async def dead_letters(pool) -> list[tuple[int, str, int, int, str]]:
+    """``(outbox id, doc_id, version, attempts, last error)`` of the rows set aside, oldest first."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT id, doc_id, version, attempts, last_error FROM search_outbox WHERE dead_at IS NOT NULL ORDER BY id"
+        )
+        return [tuple(row) for row in await cur.fetchall()]
+
+
+async def redrive(pool, ids: list[int]) -> int:
+    """Put dead-lettered rows back in line (after the fix is deployed); how many."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE search_outbox SET dead_at = NULL, attempts = 0 WHERE id = ANY(%s) AND dead_at IS NOT NULL", (ids,)
+        )
+        return cur.rowcount
 
 
 async def relay_all(pool, indexer: Indexer = index_event, *, batch: int = 50) -> int:
-    """Relay until the outbox is empty; the number of events published."""
+    """Relay until no deliverable event is left; the number of events published."""
     total = 0
     while n := await relay_once(pool, indexer, batch=batch):
         total += n

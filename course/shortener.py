@@ -33,8 +33,9 @@ from collections.abc import Callable
 import redis.exceptions
 from psycopg.types.json import Jsonb
 
+from course.backoff import FullJitter, LoopErrors
 from course.breaker import CircuitBreaker, CircuitOpenError
-from course.caching import jittered_ms
+from course.caching import SingleFlight, jittered_ms
 from course.idempotency import IdempotencyKeyReused, RequestInProgress, request_hash
 from course.idempotency import setup_schema as setup_idempotency
 
@@ -310,13 +311,25 @@ def cache_breaker(*, cooldown: float = 2.0, clock: Callable[[], float] = time.mo
 CACHE_DOWN = (CircuitOpenError, redis.exceptions.RedisError, OSError, TimeoutError, asyncio.TimeoutError)
 
 
-async def resolve(code: str, redis, pool, breaker: CircuitBreaker, *, rand: Callable[[], float] = random.random):
+async def resolve(
+    code: str,
+    redis,
+    pool,
+    breaker: CircuitBreaker,
+    *,
+    rand: Callable[[], float] = random.random,
+    flight: SingleFlight | None = None,
+):
     """The URL for ``code``, or None: Redis first, PostgreSQL on a miss, and misses cached too.
 
     Every Redis command goes through ``breaker``: while Redis is down the breaker opens
     and redirects go straight to PostgreSQL without touching Redis (degraded mode). A
     PostgreSQL error is raised, never turned into None: "not found" would be cached and
     answered as a 404 for a link that exists.
+
+    With ``flight`` (chapter 04's :class:`~course.caching.SingleFlight`, one per process),
+    concurrent misses of one code share a single database read and cache fill: after Redis
+    restarts empty, a hot link costs PostgreSQL one query per process, not one per request.
     """
     key = cache_key(code)
     try:
@@ -328,12 +341,17 @@ async def resolve(code: str, redis, pool, breaker: CircuitBreaker, *, rand: Call
         if cached is not None:
             SERVED_FROM.set("cache")
             return cached or None  # MISS ("") is a cached "no such link"
-    url = await find_link(pool, code)
+
+    async def load():
+        url = await find_link(pool, code)
+        if cache_up:
+            ttl_ms = jittered_ms(CACHE_TTL, 0.2, rand) if url else int(MISS_TTL * 1000)
+            with contextlib.suppress(*CACHE_DOWN):
+                await breaker.call(lambda: redis.set(key, url or MISS, px=ttl_ms))
+        return url
+
+    url = await (flight.do(key, load) if flight is not None else load())
     SERVED_FROM.set("database")
-    if cache_up:
-        ttl_ms = jittered_ms(CACHE_TTL, 0.2, rand) if url else int(MISS_TTL * 1000)
-        with contextlib.suppress(*CACHE_DOWN):
-            await breaker.call(lambda: redis.set(key, url or MISS, px=ttl_ms))
     return url
 
 
@@ -468,6 +486,7 @@ class ClickAggregator:
         self.committed: tuple[int, int] = (0, 0)  # the last entry whose count PostgreSQL holds
         self.counted: tuple[int, int] = (0, 0)  # the last entry counted, flushed or not
         self.flushed = 0  # clicks written to PostgreSQL
+        self.errors = LoopErrors(FullJitter(0.05, 2.0))  # what run() survived: count, streak, last
         self._started = False
 
     async def start(self) -> None:
@@ -548,7 +567,13 @@ class ClickAggregator:
         return await self.flush()
 
     async def run(self, every: float = 1.0) -> None:
-        """Poll continuously and flush every ``every`` seconds until cancelled."""
+        """Poll continuously and flush every ``every`` seconds until cancelled.
+
+        Neither Redis nor PostgreSQL going away ends it (it used to die on the first
+        PostgreSQL error, and clicks piled up unacknowledged while the service looked fine):
+        every error is counted in ``self.errors`` and the loop backs off and goes on. Counts
+        not yet flushed stay in memory and the entries stay unacknowledged, so nothing is lost.
+        """
         last = time.monotonic()
         recovered = False
         while True:
@@ -560,9 +585,11 @@ class ClickAggregator:
                 if time.monotonic() - last >= every:
                     await self.flush()
                     last = time.monotonic()
-            except CACHE_DOWN:
+            except Exception as err:  # noqa: BLE001 - an aggregator that dies on its first error counts nothing
                 recovered = False
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(self.errors.failed(err))
+                continue
+            self.errors.succeeded()
 
 
 async def link_stats(pool, code: str) -> dict | None:

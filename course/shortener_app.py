@@ -31,6 +31,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from course import shortener
+from course.caching import SingleFlight
 from course.idempotency import IdempotencyKeyReused, RequestInProgress
 from course.kit import serve
 
@@ -86,6 +87,7 @@ def make_app(
         await st.pool.open(wait=True)
         st.redis = redis_client(redis_url, timeout=redis_timeout)
         st.breaker = shortener.cache_breaker(cooldown=breaker_cooldown)
+        st.flight = SingleFlight()  # concurrent misses of one code: one database read
         st.recorder = shortener.ClickRecorder(st.redis, stream, st.breaker)
         st.aggregator = shortener.ClickAggregator(redis_client(redis_url, timeout=2.0), st.pool, stream)
         st.started = time.time()
@@ -144,7 +146,8 @@ def make_app(
             if bypass:
                 url = await shortener.find_link(st.pool, code)
             else:
-                url = await resolve(code, st.redis, st.pool, st.breaker)
+                shared = {"flight": st.flight} if resolve is shortener.resolve else {}  # a learner's takes 4 args
+                url = await resolve(code, st.redis, st.pool, st.breaker, **shared)
         except DATABASE_DOWN:
             return JSONResponse({"error": "database unavailable"}, status_code=503, headers={"Retry-After": "1"})
         except NotImplementedError:

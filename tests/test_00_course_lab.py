@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +29,15 @@ def test_root_gets_allow_root_and_others_do_not():
 
 def test_the_instructor_keeps_formgrader_and_the_learner_does_not():
     assert "JUPYTER_CONFIG_PATH" in cli.lab_command([])[1]
-    assert cli.lab_command([], instructor=True)[1] == {}
+    assert "JUPYTER_CONFIG_PATH" not in cli.lab_command([], instructor=True)[1]
+
+
+def test_the_lab_finds_course_in_its_terminals_and_lands_on_chapter_00():
+    cmd, env = cli.lab_command([])
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    settings = next(a for a in cmd if a.startswith("--ServerApp.terminado_settings="))
+    assert "-l" not in json.loads(settings.split("=", 1)[1])["shell_command"]  # a login shell resets PATH
+    assert "--LabApp.default_url=/lab/tree/notebooks/00_setup_and_tour/00_setup_and_tour.ipynb" in cmd
 
 
 @pytest.mark.slow
@@ -67,3 +77,78 @@ def test_course_lab_serves_a_learners_jupyterlab_from_the_first_command(tmp_path
         output = proc.communicate(timeout=30)[0]
     if os.geteuid() == 0:
         assert "--allow-root" in output, output[-2000:]
+
+
+def _session_processes(sid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "sid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line.strip() for line in out.splitlines() if line.split(None, 1)[0] == str(sid) and "<defunct>" not in line]
+
+
+async def _terminal_says(url: str, command: str) -> str:
+    """Type ``command`` into a new JupyterLab terminal and return what the terminal printed."""
+    import asyncio
+
+    from tornado.websocket import websocket_connect
+
+    async with httpx.AsyncClient() as client:
+        name = (await client.post(f"{url}/api/terminals?token=t", timeout=10)).json()["name"]
+    ws = await websocket_connect(f"{url.replace('http', 'ws')}/terminals/websocket/{name}?token=t")
+    ws.write_message(json.dumps(["stdin", command + '; echo END-OF-""TEST\r']))  # the echo of the input differs
+    seen = ""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while "END-OF-TEST" not in seen and loop.time() < deadline:
+        message = await asyncio.wait_for(ws.read_message(), timeout=30)
+        if message is None:
+            break
+        kind, *rest = json.loads(message)
+        if kind == "stdout":
+            seen += rest[0]
+    ws.close()
+    return seen
+
+
+@pytest.mark.slow
+def test_make_lab_stopped_by_its_pid_leaves_nothing_and_its_terminal_finds_course():
+    """A supervisor stops `make lab` by make's pid: JupyterLab, the kernels and the servers go too."""
+    import asyncio
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "COURSE_BACKEND")}
+    env["JUPYTER_RUNTIME_DIR"] = tempfile_dir = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"lab-test-{port}")
+    make = subprocess.Popen(
+        ["make", "--no-print-directory", "lab", f"LAB_ARGS=--no-browser --port={port} --IdentityProvider.token=t"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        status = None
+        while time.monotonic() < deadline and make.poll() is None:
+            try:
+                status = httpx.get(f"{url}/api/status?token=t", timeout=2).status_code
+                break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        assert status == 200, f"JupyterLab did not answer (make exited {make.poll()})"
+        said = asyncio.run(_terminal_says(url, "command -v course"))
+        assert str(REPO / ".venv" / "bin" / "course") in said or "/bin/course" in said, said[-1500:]
+        before = _session_processes(make.pid)
+        assert any("course lab" in p for p in before), before
+        make.send_signal(signal.SIGTERM)  # make's pid only, as `kill PID` would
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and _session_processes(make.pid):
+            make.poll()
+            time.sleep(0.5)
+        left = _session_processes(make.pid)
+        assert not left, "still running after make was stopped:\n" + "\n".join(left)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(make.pid, signal.SIGKILL)
+        make.communicate(timeout=30)
+        shutil.rmtree(tempfile_dir, ignore_errors=True)

@@ -154,3 +154,36 @@ def test_the_seed_banner_is_one_line_after_the_verdict():
     assert res.lines[0].startswith("  [FAIL] add(1, 2) == 3"), res.lines
     assert res.lines[-1] == "  - random choices come from seed 77: the same code gets the same verdict on every run"
     assert sum("seed 77" in line for line in res.lines) == 1
+
+
+def test_validate_fails_a_stub_and_a_wrong_answer_and_passes_a_right_one(monkeypatch, capsys):
+    """nbgrader's Validate button: a notebook worth 0 points must not read "Success!"."""
+    monkeypatch.setenv("NBGRADER_EXECUTION", "validate")
+
+    async def stub(a, b):
+        raise NotImplementedError("not done yet")
+
+    async def wrong(a, b):  # passes the public check, not the hidden one
+        return 3 if (a, b) == (1, 2) else 1
+
+    async def right(a, b):
+        return a + b
+
+    with pytest.raises(TaskFailed, match="not done yet"):
+        harness.public("_demo_add", {"add": stub})
+    with pytest.raises(TaskFailed, match="1/2 points|0/2 points"):
+        harness.public("_demo_add", {"add": wrong})
+    capsys.readouterr()
+    harness.public("_demo_add", {"add": right})
+    assert "2/2 points" in capsys.readouterr().out
+
+
+def test_selfcheck_says_not_done_only_for_a_stub():
+    done = harness.Result("t", 2, 2, [], 0.1)
+    stub = harness.Result("t", 0, 2, [], 0.1, not_done=True)
+    short = harness.Result("t", 1, 2, [], 0.1)
+    wrong = harness.Result("t", 0, 2, [], 0.1)
+    assert harness._status(done) == "done"
+    assert harness._status(stub) == "not done"
+    assert "falls short" in harness._status(short)
+    assert harness._status(wrong) != "not done"

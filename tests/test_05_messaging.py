@@ -165,3 +165,16 @@ def test_05_dramatiq_retries_and_dead_letters_but_reorders_a_key(ns):
     assert seen["committed"].index("A-1") > seen["committed"].index("A-3")
     assert seen["attempts"]["A-1"] == 3 and seen["attempts"]["V-1"] == 1
     assert seen["dead"] == [("P-1", 3), ("V-1", 0)]
+
+
+async def test_05_metrics_count_dead_letters_without_reading_them_all(ans):
+    from course import messaging as mq
+
+    pool, r = await ans.pool(), ans.redis()
+    await mq.setup_schema(pool)
+    stream, dlq = ans.key_prefix + "m", ans.key_prefix + "m-dlq"
+    await r.xgroup_create(stream, "g", id="0", mkstream=True)
+    for i in range(30):
+        await r.xadd(dlq, {"reason": "poison" if i % 3 else "attempts", "error_type": "ValueError"})
+    out = await mq.metrics(pool, r, stream=stream, group="g", dlq=dlq, sample=10)
+    assert out["dlq"] == 30 and out["dlq_sampled"] == 10 and sum(out["dlq_by_reason"].values()) == 10

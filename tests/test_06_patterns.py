@@ -241,3 +241,98 @@ async def test_two_recoverers_never_drive_one_saga_twice(shop_ns):
     assert shop.outcome(order, before, await shop.effects(pool, order))[0] == "compensated"
     finals = [e for s, e, _ in await saga.history(pool, order["order_id"]) if s == "saga" and e != "begin"]
     assert finals == ["compensated"]
+
+
+async def test_recovery_never_drives_a_saga_that_a_live_instance_is_running(ans):
+    """A restarting instance's recover() ran a live saga's steps a second time (a shipped order
+    whose stock was being released): run() now holds the same lock recover() takes."""
+    pool = await ans.pool(max_size=6)
+    await saga.setup_schema(pool)
+    inside, release, calls = asyncio.Event(), asyncio.Event(), []
+
+    async def slow_reserve(pool_, data):
+        calls.append("reserve")
+        inside.set()
+        await release.wait()  # the live instance is in the middle of its first step
+
+    async def ship(pool_, data):
+        calls.append("ship")
+
+    async def nothing(pool_, data):
+        pass
+
+    steps = [saga.Step("reserve", slow_reserve, nothing), saga.Step("ship", ship, nothing)]
+    live = asyncio.ensure_future(saga.Orchestrator(steps).run(pool, "o-1", {"order": 1}))
+    await asyncio.wait_for(inside.wait(), 10)
+    assert await saga.unfinished(pool) == ["o-1"]
+    assert await saga.Orchestrator(steps).recover(pool) == []  # the live instance holds it
+    with pytest.raises(saga.SagaBusy):
+        await saga.Orchestrator(steps).run(pool, "o-1", {"order": 1})
+    release.set()
+    assert await asyncio.wait_for(live, 10) == "completed"
+    assert calls == ["reserve", "ship"], calls
+
+
+async def test_a_compensation_that_hits_a_bug_stops_instead_of_retrying_forever(ans):
+    pool = await ans.pool(max_size=4)
+    await saga.setup_schema(pool)
+
+    async def fails(pool_, data):
+        raise saga.StepFailed("declined")
+
+    async def buggy_undo(pool_, data):
+        raise KeyError("amount")  # a programming error: retrying it forever hides it
+
+    async def ok(pool_, data):
+        pass
+
+    orch = saga.Orchestrator([saga.Step("reserve", ok, buggy_undo), saga.Step("pay", fails, ok)], sleep=VirtualClock().sleep)
+    with pytest.raises(KeyError):
+        await orch.run(pool, "o-2", {})
+    assert await saga.unfinished(pool) == ["o-2"] and len(orch.retries) == 1
+
+
+async def test_the_outbox_relay_loop_survives_an_error_and_counts_it():
+    from course.backoff import LoopErrors
+
+    stop, calls, errors = asyncio.Event(), [], LoopErrors()
+
+    async def relay(pool, redis, stream, limit):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("redis went away")
+        if len(calls) == 3:
+            stop.set()
+        return 0
+
+    clock = VirtualClock()
+    await outbox.relay_forever(None, None, "s", stop=stop, sleep=clock.sleep, relay=relay, errors=errors)
+    assert len(calls) == 3 and errors.count == 1 and errors.streak == 0
+
+
+async def test_the_cdc_relay_drains_a_long_slot_one_page_at_a_time(shop_ns, monkeypatch):
+    """It peeked the whole slot at once: a slot far behind was decoded into memory in one go."""
+    ns, pool, _ = shop_ns
+    await _needs(ns, "cdc")
+    r = ns.redis()
+    async with await psycopg.AsyncConnection.connect(ns.database_url, autocommit=True) as conn:
+        slot, pub = slots.names(ns.name, "paged")
+        await cdc.create_slot(conn, slot, pub, ["outbox"])
+        try:
+            for i in range(12):
+                async with pool.connection() as w, w.transaction():
+                    await outbox.enqueue(w, "order", f"o-{i}", "OrderPlaced", {"i": i})
+            sizes, real_read = [], cdc.read
+
+            async def read(*args, **kwargs):
+                got = await real_read(*args, **kwargs)
+                sizes.append(sum(len(t.changes) for t in got))
+                return got
+
+            monkeypatch.setattr(cdc, "read", read)
+            stream = f"{ns.key_prefix}paged"
+            assert await cdc.relay_from_slot(conn, r, stream, slot, pub, page=3) == 12
+            assert max(sizes) <= 3 and sizes[-1] == 0, sizes
+            assert [f["aggregate_id"] for _, f in await r.xrange(stream)] == [f"o-{i}" for i in range(12)]
+        finally:
+            await cdc.drop_slot(conn, slot, pub)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 
@@ -136,3 +138,61 @@ async def test_07_an_armed_crash_fires_exactly_once(pool):
         await es.append(pool, "c", 0, [("AccountOpened", {"owner": "c"})])
     assert await es.append(pool, "c", 0, [("AccountOpened", {"owner": "c"})]) == 1
     assert await rig.disarm(pool, "es_events")
+
+
+async def test_07_a_snapshot_holds_only_the_events_its_own_append_wrote(pool, monkeypatch):
+    """A writer that appends between execute()'s append and its snapshot must not be counted twice."""
+    await es.execute(pool, "snap", es.open_account("ana"), es.account_evolve)
+    real_append = es.append
+
+    async def append_then_someone_else_appends(pool_, stream_id, expected, events):
+        after = await real_append(pool_, stream_id, expected, events)
+        await real_append(pool_, stream_id, after, [("Deposited", {"amount_cents": 7})])  # the concurrent writer
+        return after
+
+    monkeypatch.setattr(es, "append", append_then_someone_else_appends)
+    await es.execute(pool, "snap", es.deposit(100), es.account_evolve, snapshot_every=1)
+    monkeypatch.setattr(es, "append", real_append)
+    with_snapshot, _ = await es.load(pool, "snap", es.account_evolve)
+    without, _ = await es.load(pool, "snap", es.account_evolve, snapshots=False)
+    assert with_snapshot == without and without["balance_cents"] == 107, (with_snapshot, without)
+
+
+async def test_07_an_event_the_index_can_never_take_is_dead_lettered_not_retried_forever(pool):
+    """A body past tsvector's 1 MB limit rolled its whole batch back on every round: the rows
+    behind it were never indexed. Now it is retried, then set aside, and the rest goes on."""
+    import random as _random
+
+    rng = _random.Random(7)
+    huge = " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(10)) for _ in range(120_000))
+    async with pool.connection() as conn, conn.transaction():
+        await search.enqueue(conn, "too-big", 1, "upsert", "huge", huge)
+        for i in range(3):
+            await search.enqueue(conn, f"doc-{i}", 1, "upsert", f"title {i}", "small body")
+    assert await search.relay_once(pool) == 3  # the rows behind the bad one are indexed at once
+    for _ in range(search.MAX_ATTEMPTS):
+        await search.relay_once(pool)
+    dead = await search.dead_letters(pool)
+    assert [(d[1], d[3]) for d in dead] == [("too-big", search.MAX_ATTEMPTS)], dead
+    assert "too long" in dead[0][4]
+    assert await search.relay_once(pool) == 0
+    assert sorted(await search.search(pool, "small body")) == ["doc-0", "doc-1", "doc-2"]
+
+
+async def test_07_a_projector_loop_survives_a_failing_batch(pool):
+    from course.backoff import LoopErrors
+    from course.kit.faults import VirtualClock
+
+    stop, seen, errors = asyncio.Event(), [], LoopErrors()
+    projector = projections.Projector("loop-test", lambda conn, e: None, [])
+
+    async def catch_up(pool_, batch=200):
+        seen.append(1)
+        if len(seen) == 1:
+            raise psycopg.OperationalError("connection lost")
+        stop.set()
+        return 0
+
+    projector.catch_up = catch_up
+    await projector.run(pool, stop, sleep=VirtualClock().sleep, errors=errors)
+    assert len(seen) == 2 and errors.count == 1

@@ -122,3 +122,44 @@ def test_08_limits_uri_speaks_unix_sockets():
 def test_08_most_in_counts_the_densest_span():
     v = ch08.Verdicts("x", [0.0, 0.5, 1.0, 1.9, 5.0], [True, True, False, True, True])
     assert v.most_in(2.0) == 3 and v.most_in(0.6) == 2
+
+
+def _scope(peer: str, **headers: str) -> dict:
+    return {"client": (peer, 5000), "headers": [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]}
+
+
+def test_08_made_up_api_keys_share_their_address_bucket():
+    """Keyed on the raw header, every invented X-API-Key got a fresh bucket."""
+    keys = {"real-key": "acct-7"}
+    key = rl.ClientKey(authenticate=keys.get)
+    fakes = {key(_scope("203.0.113.9", x_api_key=f"fake-{i}")) for i in range(20)}
+    assert fakes == {key(_scope("203.0.113.9"))}
+    assert key(_scope("203.0.113.9", x_api_key="real-key")) == key(_scope("198.51.100.1", x_api_key="real-key"))
+    assert key(_scope("203.0.113.9", x_api_key="real-key")).startswith("acct:")
+    assert "fake" not in rl.client_key(_scope("203.0.113.9", x_api_key="fake-1"))  # hashed, and unknown keys ignored
+
+
+def test_08_behind_a_trusted_proxy_clients_are_told_apart_and_spoofing_does_not_help():
+    key = rl.ClientKey(trusted_proxies=["10.0.0.0/8"])
+    a = key(_scope("10.0.0.5", x_forwarded_for="198.51.100.1"))
+    b = key(_scope("10.0.0.5", x_forwarded_for="198.51.100.2"))
+    assert a != b  # without a trusted proxy list, both were the balancer's one bucket
+    spoofed = key(_scope("10.0.0.5", x_forwarded_for="1.2.3.4, 198.51.100.1"))  # the client wrote 1.2.3.4
+    assert spoofed == a
+    assert key(_scope("198.51.100.1", x_forwarded_for="1.2.3.4")) == key(_scope("198.51.100.1"))  # untrusted peer
+
+
+def test_08_ipv6_clients_are_limited_per_64():
+    key = rl.ClientKey()
+    assert key(_scope("2001:db8:1:2::1")) == key(_scope("2001:db8:1:2:ffff::9"))
+    assert key(_scope("2001:db8:1:2::1")) != key(_scope("2001:db8:1:3::1"))
+
+
+async def test_08_the_local_bucket_forgets_the_least_recently_seen_client_not_the_busiest():
+    bucket = rl.LocalTokenBucket(3, 0.001, clock=lambda: 0.0, max_clients=3)  # no time passes
+    for _ in range(3):
+        await bucket.hit("abuser")  # seen first, and again and again: its bucket is empty
+    for i in range(10):
+        await bucket.hit(f"passer-by-{i}")
+        await bucket.hit("abuser")
+    assert not (await bucket.hit("abuser")).allowed  # evicted by insertion order, it got 3 fresh tokens

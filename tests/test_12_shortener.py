@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 import httpx
@@ -315,3 +316,53 @@ def test_12_the_outage_plot_draws_the_breaker_band():
     fig = ch12.plot_outages([run, run])
     assert len(fig.axes) >= 2
     plt.close(fig)
+
+
+async def test_the_click_aggregator_survives_a_database_error_and_counts_it(ans, pool):
+    """It died on its first PostgreSQL error (only Redis errors were caught): clicks then piled
+    up unacknowledged while the service looked healthy."""
+    redis = ans.redis()
+    stream = ans.key_prefix + "clicks-outage"
+    rec = shortener.ClickRecorder(redis, stream, clock=lambda: 1_700_000_000.0)
+    for _ in range(5):
+        rec.record("a")
+    await rec.flush()
+    agg = shortener.ClickAggregator(redis, pool, stream)
+    real_flush, failures = agg.flush, []
+
+    async def flush_fails_twice():
+        if len(failures) < 2:
+            failures.append(1)
+            raise psycopg.OperationalError("the database is restarting")
+        return await real_flush()
+
+    agg.flush = flush_fails_twice
+    task = asyncio.ensure_future(agg.run(every=0.01))
+    try:
+        for _ in range(500):
+            if agg.flushed == 5 and agg.errors.streak == 0:  # a whole round went through
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert agg.flushed == 5 and agg.errors.count == 2 and "OperationalError" in agg.errors.last, agg.errors
+
+
+async def test_concurrent_misses_of_a_hot_link_read_postgres_once_with_single_flight(ans, pool, monkeypatch):
+    """After Redis restarts empty, every request for a hot link went to PostgreSQL at once."""
+    from course.caching import SingleFlight
+
+    made = await shortener.create_link(pool, "https://example.com/hot")
+    reads, real = [], shortener.find_link
+
+    async def counted(pool_, code):
+        reads.append(code)
+        await asyncio.sleep(0.01)  # the query takes a moment: everyone arrives while it runs
+        return await real(pool_, code)
+
+    monkeypatch.setattr(shortener, "find_link", counted)
+    breaker, redis, flight = shortener.cache_breaker(), ans.redis(), SingleFlight()
+    got = await asyncio.gather(*(shortener.resolve(made["code"], redis, pool, breaker, flight=flight) for _ in range(50)))
+    assert set(got) == {"https://example.com/hot"} and len(reads) == 1, len(reads)

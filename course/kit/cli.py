@@ -374,21 +374,49 @@ LEARNER_CONFIG = Path(__file__).resolve().parent / "jupyter" / "learner"
 def lab_command(jupyter_args: list[str], *, instructor: bool = False, root: bool | None = None) -> tuple[list, dict]:
     """The ``jupyter lab`` command line and the environment changes ``course lab`` uses."""
     first = "notebooks/00_setup_and_tour/00_setup_and_tour.ipynb"
+    shell = os.environ.get("SHELL") or "/bin/sh"
     cmd = [
         sys.executable,
         "-m",
         "jupyter",
         "lab",
         f"--notebook-dir={REPO}",
+        # The URL JupyterLab prints is LabApp's default_url: it opens chapter 00, not the Launcher.
         f"--ServerApp.default_url=/lab/tree/{first}",
+        f"--LabApp.default_url=/lab/tree/{first}",
+        # An interactive shell, not a login one: a login shell runs /etc/profile, which resets
+        # PATH, and the lab's terminals would no longer find `course`.
+        "--ServerApp.terminado_settings=" + json.dumps({"shell_command": [shell, "-i"]}),
     ]
     if os.geteuid() == 0 if root is None else root:
         cmd.append("--allow-root")
-    env = {}
+    # `course` and `python` in the lab's terminals and kernels are this environment's.
+    env = {"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", os.defpath)}
     if not instructor:
         path = os.environ.get("JUPYTER_CONFIG_PATH")
         env["JUPYTER_CONFIG_PATH"] = str(LEARNER_CONFIG) + (os.pathsep + path if path else "")
     return cmd + list(jupyter_args), env
+
+
+def _stop_when_orphaned(period: float = 0.5) -> None:
+    """SIGTERM to this process when its parent goes away.
+
+    A supervisor or a script stops `make lab` by make's pid; make passes the signal to the
+    shell running its recipe, not necessarily to us. Orphaned, we stop JupyterLab, the kernels
+    and the servers as if we had been sent the signal ourselves.
+    """
+    import threading
+
+    parent = os.getppid()
+    if parent == 1:
+        return  # started by init or a container's entry point: nothing to watch
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="course-lab-parent-watch", daemon=True).start()
 
 
 def lab_cmd(args) -> int:
@@ -415,6 +443,7 @@ def lab_cmd(args) -> int:
         sys.exit(143)  # atexit then stops the servers
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    _stop_when_orphaned()
     try:
         return proc.wait()
     except KeyboardInterrupt:

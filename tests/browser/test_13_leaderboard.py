@@ -52,7 +52,7 @@ def test_13_the_live_board_moves_in_the_browser_as_scores_arrive(browser, live_b
             score(player, points)
         page.wait_for_function("() => document.querySelectorAll('#board tr').length === 4", timeout=5_000)
         assert page.locator("#board tr").evaluate_all(ROWS) == [["amy", 30], ["bo", 20], ["cy", 10], ["you", 5]]
-        assert page.locator("#follow").inner_text() == "you is #4"
+        assert page.locator("#follow").inner_text() == "you are #4"
 
         updates = int(page.locator("#updates").inner_text())
         started = time.monotonic()

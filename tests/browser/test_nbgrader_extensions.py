@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autograder.check import chapters
 
-from .jlab import chapter_name, menu, menu_labels, open_lab, screenshot
+from .jlab import Notebook, chapter_name, menu, menu_labels, open_lab, screenshot
 
 
 def test_learner_gets_the_assignment_list_and_no_formgrader(learner_lab, browser):
@@ -39,3 +39,25 @@ def test_formgrader_lists_the_workbook_assignments(instructor_lab, browser):
     listed = [r.split()[0] for r in rows if r.strip() and r.split()[0][:2].isdigit()]
     assert sorted(listed) == sorted(names), f"formgrader lists {listed}, the workbook has {names}"
     print(f"screenshot {screenshot(page, 'nbgrader-formgrader')}")
+
+
+def _validate(page, name: str) -> str:
+    """Click the notebook toolbar's Validate, as a learner does, and return the dialog's text."""
+    page.locator(".validate-button:visible").first.click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=240_000)
+    text = dialog.inner_text()
+    print(f"screenshot {screenshot(page, name)}")
+    page.keyboard.press("Escape")
+    return text
+
+
+def test_validate_fails_an_unfinished_chapter_and_passes_the_solution(learner_lab, browser):
+    """nbgrader's Validate button must not say "Success!" to a notebook worth 0 points."""
+    first = chapter_name("00")
+    student = Notebook(browser, learner_lab, f"notebooks/{first}/{first}.ipynb")
+    said = _validate(student.page, "validate-student-00")
+    assert "Success" not in said and "not done yet" in said, said[-1500:]
+    solution = Notebook(browser, learner_lab, f"solutions/{first}/{first}.ipynb")
+    said = _validate(solution.page, "validate-solution-00")
+    assert "Success! Your notebook passes all the tests." in said, said[-1500:]

@@ -288,7 +288,8 @@ function render(snap) {
   }).join("");
   before = Object.fromEntries(snap.top.map((e) => [e.player, e.points]));
   const f = snap.follow;
-  $("follow").textContent = f.rank ? `${f.player} is #${f.rank}` : `${f.player} is not on the board yet`;
+  const who = f.player === "you" ? "you are" : `${f.player} is`;
+  $("follow").textContent = f.rank ? `${who} #${f.rank}` : `${who} not on the board yet`;
 }
 const source = new EventSource("events");  // relative: works behind a proxy prefix too
 source.onopen = () => { $("status").textContent = "live"; $("status").className = "live"; };
