@@ -76,6 +76,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "log `('saga', 'completed')` and return `'completed'`",
             "_expect_end: an accepted order returns 'completed' and its log ends with (saga, completed)",
+            "no-log",
         ),
         Rule(
             "Find every saga whose log has a `('saga', 'begin')` row and no final row",
@@ -97,6 +98,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "a second run changes nothing",
             "_check_saga: recover_sagas() run again over every order changes no service row",
+            "non-idempotent-release",
         ),
         Rule(
             "use it, never `asyncio.sleep` itself",
@@ -104,15 +106,43 @@ RULES: dict[str, list[Rule]] = {
             "check's virtual clock)",
             "real-sleep",
         ),
+        Rule(
+            "moves from `'reserved'` to `'released'`, and only if it moved",
+            "_check_saga: release_stock called twice on a completed order gives the stock back once",
+            "non-idempotent-release",
+        ),
+        Rule(
+            "moves from `'charged'` to `'refunded'`, and only if it moved",
+            "_check_saga: refund_payment on an order whose payment never happened moves no money",
+            "blind-refund",
+        ),
+        Rule(
+            "each in its own statement (autocommit), so each is durable before the next action",
+            "_check_saga: a crash before each write, then recover_sagas() in a fresh replica (module state gone) "
+            "must find the saga in saga_log",
+            "in-memory-log",
+        ),
+        Rule(
+            "then `await step_function(pool, order)`, then `(step, 'done')`",
+            "_check_saga: a crash before each write, then recover_sagas(); without the step rows recovery cannot "
+            "finish the order",
+            "no-log",
+        ),
+        Rule(
+            "Rolling every unfinished saga back instead",
+            "_check_saga: after recovery an order may end completed or compensated, but every started step, the "
+            "in-flight one included, must be undone",
+            "backward-skips-in-flight",
+        ),
     ],
     "outbox_relay": [
         Rule(
-            "its event into `outbox",
+            "its event into `outbox (aggregate_type, aggregate_id, event_type, payload)`",
             "_check_outbox: place_order's order must have its OrderPlaced outbox row, and publish nothing itself",
             "dual-write",
         ),
         Rule(
-            "'OrderPlaced', Jsonb(order))`, **in one transaction**",
+            "`('order', order_id, 'OrderPlaced', Jsonb(order))`, **in one transaction**",
             "_check_outbox: a crash before each of place_order's two writes; neither may survive alone",
             "two-commits",
         ),
