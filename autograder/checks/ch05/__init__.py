@@ -25,7 +25,8 @@ RULES: dict[str, list[Rule]] = {
     "ordered_consumer": [
         Rule(
             'until the cursor is `"0-0"`',
-            "none: fewer than 100 entries are ever pending, which one XAUTOCLAIM call claims; the text says so",
+            "_crash: not graded: fewer than 100 entries are ever pending, which one XAUTOCLAIM call claims; the "
+            "text says so",
             not_graded=True,
         ),
         Rule(
@@ -51,7 +52,7 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "Steps 2 and 3 run in one transaction",
-            "_crash (after change): a kill between the change and the commit rolls back both, so the takeover "
+            "_crash: (after change) a kill between the change and the commit rolls back both, so the takeover "
             "applies the message once",
             "dedup-in-its-own-commit",
         ),
@@ -95,7 +96,7 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "one key's entries one at a time, in stream order",
-            "expect_order and expect_no_overlap: each key's applied order, and no two entries of a key at once",
+            "expect_order: each key's applied order; with expect_no_overlap: no two entries of a key at once",
             "all-entries-at-once",
         ),
         Rule(
@@ -118,6 +119,49 @@ RULES: dict[str, list[Rule]] = {
             "never catch it (nor `BaseException`)",
             "_crash: a ConsumerKilled swallowed keeps a dead replica working; its XACK or change then lands after "
             "the takeover and the applied order shows it",
+        ),
+        Rule(
+            "of the (existing) group `group`, then returns",
+            "expect_clean_run: the consumer must return, with every entry (the killed replica's pending ones "
+            "included) applied and acknowledged",
+            "no-takeover",
+        ),
+        Rule(
+            "applies one message on your connection, inside your transaction, and raises when it fails",
+            "_crash: (after change) a kill inside handle after its change must roll back with the dedup row, so the "
+            "takeover applies the message once",
+            "dedup-in-its-own-commit",
+        ),
+        Rule(
+            "Use `sleep` only for these waits",
+            "expect_jitter: the sleeps are compared with the seeded rand() draws; _expect_dead_letters reads the "
+            "failure times from clock()",
+            "no-jitter",
+        ),
+        Rule(
+            "What the hidden checks do (partial credit, one share per scenario",
+            "weight: each scenario's share of the points; the retries scenario (other keys never wait) weighs 40%",
+            "whole-stream-serial",
+        ),
+        Rule(
+            "a malformed message and one that always times out, among healthy ones",
+            "_dead_letters: P-1 malformed, X-1 always timing out: attempts, dead letters, blocks and parked rows",
+            "dlq-without-metadata",
+        ),
+        Rule(
+            "four kills (7.5% each)",
+            "_crash: a kill inside handle before and after its change, after the commit, and after the XACK",
+            "no-takeover",
+        ),
+        Rule(
+            "a second replica (this cell run again into fresh globals) takes over",
+            "_crash: the second replica must claim the dead one's pending entries and apply them once, in order",
+            "no-takeover",
+        ),
+        Rule(
+            "check that every XACK came after its commit",
+            "expect_ack_after_commit: every XACK must come after its entry's commit",
+            "ack-before-work",
         ),
     ],
     "replay_key": [
@@ -147,7 +191,7 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "Unblock only after (or in the same transaction as) the last parked message",
-            "ReplayHandler: while each message is applied, a watcher reads whether P's block row is still committed",
+            "_replay_basic: while each message is applied, the ReplayHandler's watcher reads whether P's block row is still committed",
             "unblock-first",
         ),
         Rule(
@@ -165,6 +209,12 @@ RULES: dict[str, list[Rule]] = {
             "returns how many messages it applied",
             "_replay_basic: the replay of P-1..P-12 (P-3 parked twice) must return 12",
             "counts-rows-read",
+        ),
+        Rule(
+            "The hidden checks block a key with a dead letter",
+            "_replay_basic: the first replay, in order and once, is 40% of the points; _replay_twice, "
+            "_replay_not_fixed and _replay_crash 20% each",
+            "parked-first",
         ),
     ],
 }
