@@ -660,6 +660,17 @@ REPLAY_COUNTS_ROWS_READ = patched(
 )
 
 
+# Issue 28 audit: a replay of a key that is not blocked (replayed already) returns None, not 0.
+REPLAY_NOT_BLOCKED_RETURNS_NONE = patched(
+    ONE_TRANSACTION,
+    ("        if block is None:  # not blocked (or replayed already): nothing to do\n            return 0\n",
+     "        if block is None:  # not blocked (or replayed already): nothing to do\n            return\n"),
+)
+
+# Issue 28 audit: catches the kill (a BaseException) and dead-letters the entry as if it had failed.
+CATCHES_KILL = patched(LANES, ("        except Exception as err:  # permanent", "        except BaseException as err:  # permanent"))
+
+
 # XACK of a dead-lettered entry before its key's block is committed (acknowledge last).
 ACK_BEFORE_BLOCK = patched(
     LANES,
@@ -716,6 +727,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "dlq-without-metadata": (DLQ_WITHOUT_METADATA, "lacks"),
         "no-takeover": (NO_TAKEOVER, "XAUTOCLAIM"),
         "new-before-claimed": (NEW_BEFORE_CLAIMED, "stream order"),
+        "catches-kill": (CATCHES_KILL, "killed inside the handler of K-2, before its change): the consumer raised"),
     },
     "replay_key": {
         "parked-first": (REPLAY_PARKED_FIRST, "dead-lettered message first"),
@@ -726,6 +738,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "skips-failures": (REPLAY_SKIPS_FAILURES, "roll back"),
         "counts-rows-read": (REPLAY_COUNTS_ROWS_READ, "Return how many messages it applied"),
         "leaves-parked": (REPLAY_LEAVES_PARKED, "mq_parked still holds"),
+        "not-blocked-returns-none": (REPLAY_NOT_BLOCKED_RETURNS_NONE, "expected 0"),
     },
 }
 

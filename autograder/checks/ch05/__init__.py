@@ -119,6 +119,7 @@ RULES: dict[str, list[Rule]] = {
             "never catch it (nor `BaseException`)",
             "_crash: a ConsumerKilled swallowed keeps a dead replica working; its XACK or change then lands after "
             "the takeover and the applied order shows it",
+            "catches-kill",
         ),
         Rule(
             "of the (existing) group `group`, then returns",
@@ -168,6 +169,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "do nothing and return 0",
             "_replay_twice: a second replay from another replica must call handle for nothing and return 0",
+            "not-blocked-returns-none",
         ),
         Rule(
             "the dead-lettered message (its `fields` are in the block row), then",
