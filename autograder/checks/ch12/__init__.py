@@ -68,8 +68,30 @@ RULES: dict[str, list[Rule]] = {
             "check_codes: whether the first or last character of the next code is predictable from this one",
             "multiplied",
         ),
+        Rule(
+            "their codes must agree with yours",
+            "check_codes: two more replicas of the cell (run again from scratch) must give the same codes as yours "
+            "and decode each other's",
+            "key-per-process",
+        ),
     ],
     "create_link": [
+        Rule(
+            "that creates a link and returns",
+            "_check_create_link: 12 links created at once must each return {code, url} with 12 distinct codes",
+            "max-id",
+        ),
+        Rule(
+            "may wait for it inside PostgreSQL or raise `RequestInProgress`",
+            "_check_create_link: a RequestInProgress is retried with backoff on a virtual clock (_retrying); the ten "
+            "callers of one key must still get the same response and make one link",
+            "key-check-then-act",
+        ),
+        Rule(
+            "split ten callers of one key over two replicas of your cell",
+            "_check_create_link: the ten callers of one key are split over two replicas, inserts held until all wait",
+            "key-in-process",
+        ),
         Rule(
             "an id from the sequence (`SELECT nextval('link_ids')`)",
             "_check_create_link: 12 links created at once, inserts held until all wait (gated): 12 codes",
@@ -107,6 +129,24 @@ RULES: dict[str, list[Rule]] = {
         ),
     ],
     "resolve": [
+        Rule(
+            "the URL of `code`, or `None` if no link has that code",
+            "_check_resolve: hits must return the link's URL and a missing code None; PostgreSQL down is no miss, "
+            "so returning None then is refused",
+            "db-error-as-miss",
+        ),
+        Rule(
+            "use `RedisError` from the setup cell",
+            "_check_resolve: Redis refusing connections for 30 redirects; an except that does not catch the "
+            "Redis error (as redis.exceptions on the client would not) fails the redirect",
+            "no-fallback",
+        ),
+        Rule(
+            "count every Redis command and every PostgreSQL query",
+            "_check_resolve: every Redis command and PostgreSQL query is counted; a missing code looked up 50 times "
+            "must reach PostgreSQL once",
+            "no-negative-cache",
+        ),
         Rule(
             "Send **every** Redis command through it",
             "_check_resolve: the check counts Redis commands made while the breaker is open",

@@ -35,7 +35,12 @@ RULES: dict[str, list[Rule]] = {
             "in-process-seen-set",
         ),
         Rule(
-            "Record each applied event in `leaderboard_events",
+            "deliver one event six times at once through two replicas of your answer",
+            "_check_record_score: one event delivered six times at once, split over two replicas of the cell",
+            "in-process-seen-set",
+        ),
+        Rule(
+            "Record each applied event in `leaderboard_events`",
             "_check_record_score: after Redis is wiped (FLUSHDB) an old event delivered again must not count "
             "again: the dedup record lives in PostgreSQL with the points",
             "dedup-in-redis",
@@ -74,6 +79,11 @@ RULES: dict[str, list[Rule]] = {
     ],
     "top_and_rank": [
         Rule(
+            "that reads the board `BOARD` and returns",
+            "_check_top_and_rank: the top and the ranks are compared with ZREVRANGE and ZREVRANK of BOARD",
+            "ascending",
+        ),
+        Rule(
             "the best `n` players (`n >= 1`), best first",
             "_check_top_and_rank: the top is compared with ZREVRANGE of the board",
             "ascending",
@@ -111,23 +121,39 @@ RULES: dict[str, list[Rule]] = {
     ],
     "rebuild_board": [
         Rule(
+            "The game does not stop while you rebuild",
+            "_check_rebuild_board: the check records events through course.leaderboard.record during the rebuild",
+            "locks-writers",
+        ),
+        Rule(
+            "the checks record events during your rebuild, with a 2-second lock timeout",
+            "_check_rebuild_board: the check's writer runs with a 2-second lock timeout while the rebuild runs",
+            "locks-writers",
+        ),
+        Rule(
+            "it must never lose a player or lower a score",
+            "look: RebuildWatch.look reads the board's size and a spread sample after each write round trip",
+            "delete-first-then-read",
+        ),
+        Rule(
             "the board must equal PostgreSQL, **including** the events that arrived during it",
             "_check_rebuild_board: events recorded just before the first write and just before the write of a "
             "player's older total",
+            "delete-then-load",
         ),
         Rule(
             "do not replace the board (no `RENAME` over it, no `DEL` and reload)",
-            "RebuildWatch.look: a reader reads the board's size and a spread sample after each write round trip",
+            "look: RebuildWatch.look, a reader reads the board's size and a spread sample after each write round trip",
             "delete-first-then-read",
         ),
         Rule(
             "no `RENAME` over it",
-            "RebuildWatch.look: the RENAME's round trip drops the players that arrived meanwhile",
+            "look: RebuildWatch.look, the RENAME's round trip drops the players that arrived meanwhile",
             "aside-then-rename",
         ),
         Rule(
             "never lower a score that is there",
-            "RebuildWatch.look and the final board: a ZADD without GT writes the older total of a player",
+            "look: RebuildWatch.look and the final board: a ZADD without GT writes the older total of a player",
             "plain-zadd",
         ),
         Rule(
@@ -143,7 +169,7 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "The checks allow one write round trip per 50 players",
-            "RebuildWatch.hook: write round trips are counted",
+            "hook: RebuildWatch.hook, write round trips are counted",
             "one-zadd-per-player",
         ),
         Rule(
@@ -153,6 +179,12 @@ RULES: dict[str, list[Rule]] = {
         ),
     ],
     "merge_top": [
+        Rule(
+            "Write `def merge_top(local_tops, n) -> list[tuple[str, float]]`",
+            "check_merge_top: called directly (no server) on 60 seeded random cases; must return the list of the "
+            "global top n pairs",
+            "first-of-each-shard",
+        ),
         Rule(
             "Return the global top `n` in the same shape and order",
             "check_merge_top: 60 seeded random cases compared with ZREVRANGE of one board",
