@@ -6,4 +6,4 @@ are ``tests/test_14_drill.py``."""
 from __future__ import annotations
 
 WRONG: dict[str, dict[str, tuple[str, str]]] = {}
-CORRECT: dict[str, str] = {}
+CORRECT: dict[str, dict[str, str]] = {}

@@ -91,14 +91,14 @@ RULES: dict[str, list[Rule]] = {
             "per_process_secret",
         ),
         Rule(
-            'Many rows share one `created_at`, and ids are not in time order',
-            'check_keyset_page: 23 rows in ties of 3 with shuffled ids read 5 at a time; rows missing or twice around a tie are named',
-            wrong='no_tie_breaker',
+            "Many rows share one `created_at`, and ids are not in time order",
+            "check_keyset_page: 23 rows in ties of 3 with shuffled ids read 5 at a time; rows missing or twice around a tie are named",
+            wrong="no_tie_breaker",
         ),
         Rule(
-            'rows is a list of at most limit tuples',
-            'check_keyset_page: exactly 20 rows at limit 5 must take four pages of at most 5 rows and no fifth, empty page',
-            wrong='no_limit_plus_one',
+            "rows is a list of at most limit tuples",
+            "check_keyset_page: exactly 20 rows at limit 5 must take four pages of at most 5 rows and no fifth, empty page",
+            wrong="no_limit_plus_one",
         ),
         Rule(
             "Putting a version number in the cursor is good practice; it is not graded",
@@ -138,19 +138,19 @@ RULES: dict[str, list[Rule]] = {
             "remove_reshuffles",
         ),
         Rule(
-            'a consistent-hash ring with virtual nodes',
-            'check_hash_ring: HashRing() with add_node/node_for; 10,000 keys over 10 nodes must lie within 30 % of the mean',
-            wrong='one_point_per_node',
+            "a consistent-hash ring with virtual nodes",
+            "check_hash_ring: HashRing() with add_node/node_for; 10,000 keys over 10 nodes must lie within 30 % of the mean",
+            wrong="one_point_per_node",
         ),
         Rule(
-            'the node that owns key',
+            "the node that owns key",
             "check_hash_ring: node_for must return one of the ring's nodes, the same one when asked again, and keep keys when nodes join",
-            wrong='modulo',
+            wrong="modulo",
         ),
         Rule(
             "Python's built-in hash() of a string is different in every process",
-            'check_hash_ring: two fresh Python processes with PYTHONHASHSEED=1 and =2 must agree',
-            wrong='python_hash',
+            "check_hash_ring: two fresh Python processes with PYTHONHASHSEED=1 and =2 must agree",
+            wrong="python_hash",
         ),
     ],
 }
