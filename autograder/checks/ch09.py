@@ -91,8 +91,18 @@ RULES: dict[str, list[Rule]] = {
             "per_process_secret",
         ),
         Rule(
+            "Many rows share one `created_at`, and ids are not in time order",
+            "check_keyset_page: 23 rows in ties of 3 with shuffled ids read 5 at a time; rows missing or twice around a tie are named",
+            wrong="no_tie_breaker",
+        ),
+        Rule(
+            "rows is a list of at most limit tuples",
+            "check_keyset_page: exactly 20 rows at limit 5 must take four pages of at most 5 rows and no fifth, empty page",
+            wrong="no_limit_plus_one",
+        ),
+        Rule(
             "Putting a version number in the cursor is good practice; it is not graded",
-            "not checked",
+            "check_keyset_page: not checked (the text says it is not graded)",
             not_graded=True,
         ),
     ],
@@ -105,6 +115,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "every key that moves, moves to the new node",
             "check_hash_ring: keys that moved between old nodes are counted",
+            "rebuilt_sorted_by_index",
         ),
         Rule(
             "Each of ten nodes gets within 30 % of the mean share of keys",
@@ -125,6 +136,21 @@ RULES: dict[str, list[Rule]] = {
             "Removing a node moves only the keys that were on it",
             "check_hash_ring: node-3 removed from 11 nodes; keys of other nodes that moved are counted",
             "remove_reshuffles",
+        ),
+        Rule(
+            "a consistent-hash ring with virtual nodes",
+            "check_hash_ring: HashRing() with add_node/node_for; 10,000 keys over 10 nodes must lie within 30 % of the mean",
+            wrong="one_point_per_node",
+        ),
+        Rule(
+            "the node that owns key",
+            "check_hash_ring: node_for must return one of the ring's nodes, the same one when asked again, and keep keys when nodes join",
+            wrong="modulo",
+        ),
+        Rule(
+            "Python's built-in hash() of a string is different in every process",
+            "check_hash_ring: two fresh Python processes with PYTHONHASHSEED=1 and =2 must agree",
+            wrong="python_hash",
         ),
     ],
 }

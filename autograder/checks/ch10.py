@@ -621,6 +621,36 @@ RULES: dict[str, list[Rule]] = {
             "_check_same_key: 6 concurrent calls with one key across replicas; one payment, one reservation, no error",
             wrong="select_then_insert_key",
         ),
+        Rule(
+            "insert the reservation for key and take one unit of sku's stock",
+            "_check_flash: 8 buyers of 1 and of 3 units held on the stock row; counts reservations and stock in PostgreSQL",
+            wrong="read_then_write",
+        ),
+        Rule(
+            "When no unit is left, write nothing and return",
+            "_check_flash: 8 buyers of 1 unit; the 7 who come too late must get sold_out and leave no reservation",
+            wrong="in_process_lock",
+        ),
+        Rule(
+            "set the reservation 'paid' with its payment_id",
+            "_check_payment_failures: the reaper releases during pay, then pay succeeds; the reservation must not be paid",
+            wrong="confirm_unguarded",
+        ),
+        Rule(
+            "when the reaper got there first, release nothing",
+            "_check_payment_failures: the reaper releases during pay, then pay times out or succeeds; stock 1, 'expired'",
+            wrong="release_unguarded",
+        ),
+        Rule(
+            "Claim the key with INSERT",
+            "_check_same_key: 6 concurrent calls with one key across replicas; one payment, one reservation, no error",
+            wrong="select_then_insert_key",
+        ),
+        Rule(
+            "The hidden checks run your answer as two replicas",
+            "_check_flash: two replicas of the answer cell buy at once, held on the stock row until all wait",
+            wrong="in_process_lock",
+        ),
     ],
     "transfer": [
         Rule(
@@ -661,6 +691,46 @@ RULES: dict[str, list[Rule]] = {
             "_check_transfer: the same call twice returns the same id; the key with another amount raises "
             "IdempotencyKeyReused",
             wrong="no_idempotency",
+        ),
+        Rule(
+            "move amount from account from_id to account to_id",
+            "_check_opposite: opposite transfers held on one account; compares balances with the expected ones",
+            wrong="python_computed_balance",
+        ),
+        Rule(
+            "amount bigint NOT NULL, never 0",
+            "_check_transfer: reads the postings of the returned id; ledger.reconcile at the end",
+            wrong="one_posting",
+        ),
+        Rule(
+            "A float or a Decimal (or a bool) raises TypeError",
+            "_check_transfer: 12.5 and Decimal('12.50') must raise TypeError/ValueError with nothing written",
+            wrong="float_money",
+        ),
+        Rule(
+            "Raise InsufficientFunds (imported below) and write nothing",
+            "_check_overdraft_race: 3 transfers of 60 from 100; two must raise InsufficientFunds",
+            wrong="python_balance_check",
+        ),
+        Rule(
+            "or after locking the row, never on a value read before",
+            "_check_overdraft_race: 3 transfers of 60 from 100, held on the account row until all wait",
+            wrong="python_balance_check",
+        ),
+        Rule(
+            "these two are not subclasses of TransactionRollback",
+            "_check_opposite: two rounds of one transfer each way, forced into a lock cycle for source-first locking",
+            wrong="source_first_select_for_update",
+        ),
+        Rule(
+            "raise IdempotencyKeyReused when the same key comes with a different transfer",
+            "_check_transfer: the same key with another amount must raise IdempotencyKeyReused",
+            wrong="no_idempotency",
+        ),
+        Rule(
+            "so that locking the source account first deadlocks on every run",
+            "_check_opposite: two rounds of opposite transfers started while the check holds one account",
+            wrong="source_first_no_retry",
         ),
     ],
 }

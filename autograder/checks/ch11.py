@@ -512,6 +512,31 @@ RULES: dict[str, list[Rule]] = {
             "check_view_counter: counts rows written (a trigger and a sequence) for 860 views on two replicas",
             wrong="a +1 per buffered view in the flush",
         ),
+        Rule(
+            "the batched counter of this chapter",
+            "check_view_counter: counts rows written (a trigger and a sequence) for 860 views on two replicas",
+            wrong="one UPDATE per view",
+        ),
+        Rule(
+            "adding to what is there",
+            "check_view_counter: holds v2's row until both replicas' flushes wait on it, then compares totals",
+            wrong="read, then write the total",
+        ),
+        Rule(
+            "the checks call it directly",
+            "check_view_counter: calls flush() while holding v1's row and adds views meanwhile",
+            wrong="clear after the write",
+        ),
+        Rule(
+            "What must hold, and what the hidden checks do to see it",
+            "check_view_counter: the list below it, each rule with its own row here",
+            wrong="read, then write the total",
+        ),
+        Rule(
+            "so both flushes are waiting on it when it is released",
+            "check_view_counter: holds v2's row until both replicas' flushes wait on it, then compares totals",
+            wrong="read, then write the total",
+        ),
     ],
     "send_message": [
         Rule(
@@ -541,6 +566,31 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "A send to another conversation is never blocked",
+            "check_send_message: a send to another conversation must finish while one is held",
+            wrong="one lock for all conversations",
+        ),
+        Rule(
+            "return its sequence number within its conversation",
+            "check_send_message: a second conversation's first message must return 1",
+            wrong="one global sequence",
+        ),
+        Rule(
+            "The check sends 10 messages to one conversation at once",
+            "check_send_message: 10 senders held under SHARE on chat_messages until all have read",
+            wrong="max(seq) + 1 without a lock",
+        ),
+        Rule(
+            "let the error reach the caller; the next message must get the next number",
+            "check_send_message: a refused INSERT, then the next send must get the next number",
+            wrong="separate counter statement",
+        ),
+        Rule(
+            "3 must not be committed while 2 is not",
+            "check_send_message: holds message 2 in its INSERT and reads committed seqs while another send runs",
+            wrong="counter committed before the message",
+        ),
+        Rule(
+            "the same replica sends to another conversation, which must finish",
             "check_send_message: a send to another conversation must finish while one is held",
             wrong="one lock for all conversations",
         ),
