@@ -33,10 +33,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PUBLIC_PASSED = (
-    "public checks passed: a quick smoke test, not the grade (the hidden checks add crashes, races and "
-    "replicas; selfcheck at the end of the chapter runs them)"
-)
+PUBLIC_PASSED = "public checks passed (a smoke test, not the grade: selfcheck runs the hidden checks)"
 
 
 @dataclass
@@ -481,11 +478,13 @@ def _status(res: Result) -> str:
 
 def _in_notebook_order(chapter: str, tasks: list[Task]) -> list[Task]:
     """The chapter's tasks in the order its test cells stand in the notebook."""
-    try:
-        from autograder.grading import read_manifest
+    import json
+    from pathlib import Path
 
-        order = [c.get("task") for c in read_manifest(chapter) if c.get("kind") == "test"]
-    except Exception:  # noqa: BLE001 - no manifest (a harness test): registration order
+    found = sorted((Path(__file__).resolve().parent / "manifests").glob(f"{chapter}_*.json"))
+    try:
+        order = [c.get("task") for c in json.loads(found[0].read_text())["cells"] if c.get("kind") == "test"]
+    except (IndexError, OSError, ValueError, KeyError):  # no manifest (a harness test): registration order
         return tasks
     return sorted(tasks, key=lambda t: order.index(t.id) if t.id in order else len(order))
 

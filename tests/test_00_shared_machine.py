@@ -175,32 +175,40 @@ def test_course_check_with_servers_down_exits_2_naming_them_without_a_traceback(
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-def _failing_run(task_ids):
+def _failing_run(job, task_ids):
+    """A run that reports, in the job's order (the protocol the parent checks), every task failed
+    on a connection error."""
     from autograder import grading
 
-    events = [
-        {
-            "event": "task",
-            "id": t,
-            "points": 0.0,
-            "max_points": 1,
-            "lines": ["  [FAIL] your code raised OperationalError"],
-            "unreachable": "OperationalError: connection refused",
-        }
-        for t in task_ids
-    ]
+    events = []
+    for cell in job["cells"]:
+        if cell["kind"] == "test":
+            events.append({"event": "task-start", "id": cell["task"]})
+            events.append(
+                {
+                    "event": "task",
+                    "id": cell["task"],
+                    "points": 0.0,
+                    "max_points": 1,
+                    "lines": ["  [FAIL] your code raised OperationalError"],
+                    "unreachable": "OperationalError: connection refused",
+                }
+            )
+        else:
+            events.append({"event": "start", "cell": cell["id"], "kind": cell["kind"]})
+            events.append({"event": "cell", "id": cell["id"], "kind": cell["kind"], "ok": True, "stdout": ""})
     return grading._Run(events + [{"event": "done"}])
 
 
 def test_servers_lost_during_a_run_make_it_not_graded_and_never_cached(tmp_path, monkeypatch):
-    from autograder import grading, gradecache, health
+    from autograder import gradecache, grading, health
 
     trusted = grading.read_manifest(CHAPTER)
     tasks = [c["task"] for c in trusted if c["kind"] == "test"]
     answers = iter([None, "Redis at redis://x does not answer: ..."])  # up before the run, down after it
     monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
-    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(tasks))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
     graded = gradecache.cached_grade(tmp_path / "cache", CHAPTER, trusted, _solution(), sandbox="off")
     assert not graded.complete and graded.not_graded.startswith("Redis at")
     assert {t.status for t in graded.tasks} == {"not_graded"}
@@ -209,13 +217,13 @@ def test_servers_lost_during_a_run_make_it_not_graded_and_never_cached(tmp_path,
 
 
 def test_a_connection_error_with_the_servers_up_is_the_learners_and_graded(tmp_path, monkeypatch):
-    from autograder import grading, gradecache, health
+    from autograder import gradecache, grading, health
 
     trusted = grading.read_manifest(CHAPTER)
     tasks = [c["task"] for c in trusted if c["kind"] == "test"]
     monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: None)
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
-    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(tasks))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
     graded = gradecache.cached_grade(tmp_path / "cache", CHAPTER, trusted, _solution(), sandbox="off")
     assert graded.complete and {t.status for t in graded.tasks} == {"failed"}
     assert "the connection that failed was your code's" in "\n".join(graded.tasks[0].feedback)
@@ -237,7 +245,7 @@ def test_course_grade_lists_a_not_graded_learner_as_failed_and_records_nothing(t
 
     monkeypatch.setattr(health, "server_problem", problem)
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
-    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(tasks))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
     folder = tmp_path / "submitted" / "ada" / CHAPTER
     folder.mkdir(parents=True)
     (folder / f"{CHAPTER}.ipynb").write_text(json.dumps(_solution()))
