@@ -40,6 +40,17 @@ def test_the_lab_finds_course_in_its_terminals_and_lands_on_chapter_00():
     assert "--LabApp.default_url=/lab/tree/notebooks/00_setup_and_tour/00_setup_and_tour.ipynb" in cmd
 
 
+def _lab_status(url: str, proc: subprocess.Popen, timeout: float = 90) -> int | None:
+    """The status of JupyterLab's /api/status once it answers (None if ``proc`` ended or time ran out)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            return httpx.get(f"{url}/api/status?token=t", timeout=2).status_code
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    return None
+
+
 @pytest.mark.slow
 def test_course_lab_serves_a_learners_jupyterlab_from_the_first_command(tmp_path):
     """Started exactly as `make lab` starts it (as root on CI): JupyterLab answers, formgrader does not."""
@@ -56,14 +67,7 @@ def test_course_lab_serves_a_learners_jupyterlab_from_the_first_command(tmp_path
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        status = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                status = httpx.get(f"{url}/api/status?token=t", timeout=2).status_code
-                break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        status = _lab_status(url, proc)
         assert status == 200, f"JupyterLab did not answer (exit {proc.poll()})"
         assert httpx.get(f"{url}/formgrader?token=t", timeout=10).status_code == 404
         page = httpx.get(f"{url}/lab?token=t", timeout=10).text
@@ -127,14 +131,7 @@ def test_make_lab_stopped_by_its_pid_leaves_nothing_and_its_terminal_finds_cours
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        status = None
-        while time.monotonic() < deadline and make.poll() is None:
-            try:
-                status = httpx.get(f"{url}/api/status?token=t", timeout=2).status_code
-                break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        status = _lab_status(url, make)
         assert status == 200, f"JupyterLab did not answer (make exited {make.poll()})"
         said = asyncio.run(_terminal_says(url, "command -v course"))
         assert str(REPO / ".venv" / "bin" / "course") in said or "/bin/course" in said, said[-1500:]
