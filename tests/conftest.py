@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import tempfile
 
@@ -34,3 +35,32 @@ async def ans():
 
     async with lab.scratch("test") as namespace:
         yield namespace
+
+
+#: The longest tests, measured (seconds on 2 cores under `make test`), start first, so that no
+#: worker is still running a long one at the end while the others sit idle.
+LONGEST = {
+    "test_instructor_flow.py::test_a_class_on_one_shared_machine*": 125,
+    "test_00_classroom.py::test_parallel_grading_matches_one_at_a_time*": 90,
+    "test_00_shared_machine.py::test_nbgrader_autograde_and_submit_refuse*": 78,
+    "test_00_notebook_runs.py::test_the_solution_then_the_student*[13_*": 75,
+    "test_00_notebook_runs.py::test_the_solution_then_the_student*[12_*": 70,
+    "test_00_notebook_runs.py::test_the_solution_then_the_student*[01_*": 70,
+    "test_00_notebook_runs.py::test_the_solution_then_the_student*[08_*": 65,
+    "test_00_notebook_runs.py::test_the_solution_then_the_student*[06_*": 60,
+    "test_00_notebook_runs.py::test_the_solution_then_the_student*[04_*": 55,
+    "test_00_forging.py::test_forgers_and_flagged_answers_through_course_grade_and_nbgrader*": 55,
+    "test_00_notebook_runs.py::test_the_solution_then_the_student*": 45,
+    "test_00_check.py::test_a_cell_that_swallows_the_interrupt*": 30,
+    "test_instructor_flow.py*": 29,
+    "test_00_course_lab.py*": 25,
+    "test_contract.py*": 15,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    def weight(item) -> int:
+        node = item.nodeid.removeprefix("tests/")
+        return -max((w for pattern, w in LONGEST.items() if fnmatch.fnmatchcase(node, pattern)), default=0)
+
+    items.sort(key=weight)  # stable: the rest keep their order

@@ -354,8 +354,9 @@ def test_a_grader_killed_outright_takes_its_sandbox_along(tmp_path):
     while _left(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _left(marker)
-    assert all(d.exists() for d in left_behind)
-    with Sandbox(workdir=tmp_path):  # the next sandbox removes what the dead grader left
+    # What the dead grader left (its folder, its cgroups) is removed by the next sandbox that starts:
+    # this one, or one that another test worker started meanwhile, so only its absence is asserted.
+    with Sandbox(workdir=tmp_path):
         assert not any(d.exists() for d in left_behind)
 
 
