@@ -197,9 +197,7 @@ def _long_lines(outputs) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_the_solution_then_the_student_notebook_run_in_one_kernel_without_growing_its_connections(
-    chapter, kernel_env
-):
+def test_the_solution_then_the_student_notebook_run_in_one_kernel_without_growing_its_connections(chapter, kernel_env):
     """The solution runs top to bottom, then the unfinished student notebook in the same kernel.
 
     The student notebook runs every demo cell of the solution again, so its run is also the
