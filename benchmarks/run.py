@@ -41,6 +41,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("MPLBACKEND", "Agg")
+# The benchmark's `course check` runs are measurements, not a learner's attempts: they must not
+# enter the progress file of whoever runs `make bench` (course progress, chapter 14).
+os.environ.setdefault("COURSE_NO_PROGRESS", "1")
 PARTS = ("servers", "grading", "class", "notebooks", "suite")
 EXTRA_PARTS = ("determinism",)  # run only when named: it grades every kept wrong solution many times
 

