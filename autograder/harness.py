@@ -507,6 +507,10 @@ def selfcheck(chapter: str, namespace: dict | None = None) -> list[Result]:
     for res in results:
         print(f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {_status(res)}")
     print(f"total: {total:g}/{top:g}")
+    print(
+        "(selfcheck runs in this kernel, where code can change what it checks; `course check` grades a saved\n"
+        " copy in a fresh, sandboxed process, as your instructor's grading does)"
+    )
     _record_progress(chapter, total, top)
     return results
 

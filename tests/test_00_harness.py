@@ -187,3 +187,12 @@ def test_selfcheck_says_not_done_only_for_a_stub():
     assert harness._status(stub) == "not done"
     assert "falls short" in harness._status(short)
     assert harness._status(wrong) != "not done"
+
+
+def test_selfcheck_says_where_it_can_be_fooled_and_what_grades(capsys, monkeypatch):
+    """It runs in the learner's kernel: its total is a guide, `course check` is the grade."""
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.setenv("COURSE_NO_PROGRESS", "1")
+    harness.selfcheck("00", {})  # nothing defined: every task fails fast, no server needed
+    out = capsys.readouterr().out
+    assert "total: 0/" in out and "`course check` grades a saved" in out, out
