@@ -527,6 +527,15 @@ WRONG_TRANSFER = {
         ),
         "DeadlockDetected",
     ),
+    # source first, retried, but on the parent class a reader would guess: psycopg's DeadlockDetected
+    # is not a TransactionRollback, so the deadlock still reaches the caller
+    "retry_on_transaction_rollback": (
+        TRANSFER_RETRY.replace(
+            "except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):",
+            "except psycopg.errors.TransactionRollback:",
+        ),
+        "DeadlockDetected",
+    ),
     "python_computed_balance": (
         TRANSFER_ID_ORDER.replace(
             """        await conn.execute("SELECT id FROM ledger_accounts WHERE id = ANY(%s) ORDER BY id FOR UPDATE",

@@ -142,7 +142,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "these two are not subclasses of TransactionRollback",
             "_check_opposite: two rounds of one transfer each way, forced into a lock cycle for source-first locking",
-            wrong="source_first_select_for_update",
+            wrong="retry_on_transaction_rollback",
         ),
         Rule(
             "raise IdempotencyKeyReused when the same key comes with a different transfer",
