@@ -201,24 +201,11 @@ if spec["skew"]:
 
 import redis.asyncio as aioredis
 
+from autograder.child import build_namespace
+
 
 def build():
-    ns = {"__name__": "__learner__"}
-    for entry in spec["env"]:
-        try:
-            if entry[0] == "module":
-                ns[entry[1]] = importlib.import_module(entry[2])
-            elif entry[0] == "attr":
-                obj = importlib.import_module(entry[2])
-                for part in entry[3].split("."):
-                    obj = getattr(obj, part)
-                ns[entry[1]] = obj
-            else:
-                ns[entry[1]] = entry[2]
-        except Exception:
-            pass
-    if spec["source"]:
-        exec(compile(spec["source"], spec["filename"], "exec"), ns)
+    ns = build_namespace(spec)
     return ns[spec["fn"]]
 
 

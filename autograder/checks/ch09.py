@@ -446,23 +446,10 @@ NODES = [f"node-{i}" for i in range(10)]
 KEYS = [f"user:{i}" for i in range(10_000)]
 
 PROCESS = r"""
-import importlib, json, sys
+import json, sys
+from autograder.child import build_namespace
 spec = json.loads(sys.stdin.read())
-ns = {"__name__": "__learner__"}
-for entry in spec["env"]:
-    try:
-        if entry[0] == "module":
-            ns[entry[1]] = importlib.import_module(entry[2])
-        elif entry[0] == "attr":
-            obj = importlib.import_module(entry[2])
-            for part in entry[3].split("."):
-                obj = getattr(obj, part)
-            ns[entry[1]] = obj
-        else:
-            ns[entry[1]] = entry[2]
-    except Exception:
-        pass
-exec(compile(spec["source"], spec["filename"], "exec"), ns)
+ns = build_namespace(spec)
 ring = ns["HashRing"]()
 for node in spec["nodes"]:
     ring.add_node(node)
