@@ -89,3 +89,15 @@ def notebook_with_answers(chapter: str, answers: dict[str, str], folder) -> Path
     path = Path(folder) / f"{chapter}.ipynb"
     path.write_text(json.dumps(nb))
     return path
+
+
+def servers_env(**extra: str) -> dict[str, str]:
+    """The environment for a ``course``/``nbgrader`` subprocess that grades: this test worker's
+    servers (so the child starts none of its own) and this venv's scripts first on ``PATH``."""
+    import os
+    import sys
+
+    from course.kit import backends
+
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return {**os.environ, **backends.servers().as_env(), "PATH": path, **extra}

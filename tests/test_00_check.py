@@ -1,14 +1,13 @@
 """`course check`: exit codes, bad input, and code that hangs."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import notebook_with_answers
+from tests.helpers import notebook_with_answers, servers_env
 
 REPO = Path(__file__).resolve().parent.parent
 CH00 = REPO / "solutions" / "00_setup_and_tour" / "00_setup_and_tour.ipynb"
@@ -64,7 +63,7 @@ def test_a_cell_that_swallows_the_interrupt_is_cut_and_graded_zero(tmp_path):
                 pass
     """
     path = notebook_with_answers("00_setup_and_tour", {"count_visit": hang}, tmp_path)
-    env = dict(os.environ, COURSE_CELL_TIMEOUT="2")
+    env = servers_env(COURSE_CELL_TIMEOUT="2")
     proc = course("check", str(path), "--json", env=env)
     assert proc.returncode == 1, proc.stderr
     result = json.loads(proc.stdout)

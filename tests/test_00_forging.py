@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from autograder import flags, gradecache, grading, settings
-from tests.helpers import notebook_with_answers
+from tests.helpers import notebook_with_answers, servers_env
 
 REPO = Path(__file__).resolve().parent.parent
 CH00 = "00_setup_and_tour"
@@ -138,7 +138,7 @@ def test_every_forging_primitive_is_refused_and_named(attempt_runs, name):
 
 
 def _course_check(path: Path) -> dict:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = servers_env()
     proc = subprocess.run(
         [sys.executable, "-m", "autograder.check", str(path), "--json"],
         capture_output=True,
