@@ -13,10 +13,10 @@ here). For each chapter:
   redraws it (chapters 00 and 01 must have one); a screenshot.
 
 The solution runs in the browser for the chapters whose notebook shows what only a browser
-shows: a widget or an embedded page (``INTERACTIVE``). Every solution also runs three times in
-one kernel in ``tests/test_00_notebook_runs.py`` (the same ipykernel, without a browser, at a
-fraction of the time): no error on any run, and no connection gained from the first run to the
-third. That keeps this suite at about 20 s of wall time per chapter.
+shows: a widget or an embedded page (``INTERACTIVE``). Every solution also runs in
+``tests/test_00_notebook_runs.py``, followed by its student notebook in the same kernel (the same
+ipykernel, without a browser, at a fraction of the time): no error, and no connection gained by
+the re-run. That keeps this suite at about 20 s of wall time per chapter.
 
 The notebooks run in **quick mode**: their kernels start with ``NBGRADER_EXECUTION=autograde``
 (see conftest.py), so ``course.grading()`` is true and every demo shrinks its sizes as it does
