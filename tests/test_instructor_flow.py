@@ -34,7 +34,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from pathlib import Path
 import pytest
 
 from autograder import settings
+from tests.helpers import account_python
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -207,28 +207,6 @@ def _remove_stale_accounts() -> None:
             subprocess.run(["userdel", entry.pw_name], capture_output=True)
 
 
-def _learner_python(uid: int, gid: int, env: dict[str, str]) -> tuple[str, dict[str, str]] | None:
-    """An interpreter a learner account can run with the course's packages (this venv may sit under /root)."""
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = sysconfig.get_paths()["purelib"]
-    for exe, extra in ((sys.executable, {}), (f"/usr/bin/{version}", {"PYTHONPATH": site})):
-        try:
-            proc = subprocess.run(
-                [exe, "-c", "import nbgrader.apps"],
-                env={**env, **extra},
-                user=uid,
-                group=gid,
-                extra_groups=[],
-                capture_output=True,
-                timeout=60,
-            )
-        except OSError:
-            continue
-        if proc.returncode == 0:
-            return exe, extra
-    return None
-
-
 def _handout(dest: Path) -> Path:
     """The docs' hand-out: ``git archive`` of the repository without ``solutions/`` (working tree's tracked files)."""
     rev = subprocess.run(["git", "-C", str(REPO), "stash", "create"], capture_output=True, text=True).stdout.strip()
@@ -321,7 +299,7 @@ def _learners(base: Path, exchange: Path, handout: Path, created: list[str] | No
         learner.give(home)
         if created is not None:
             home.chmod(0o700)
-            found = found or _learner_python(uid, gid, env)
+            found = found or account_python(uid, gid, env, "nbgrader.apps")
             if found is None:
                 return None
             learner.python, extra = found
