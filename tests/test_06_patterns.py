@@ -138,6 +138,23 @@ async def test_two_relays_with_skip_locked_reorder_an_aggregate_and_the_partitio
             assert bool(events.inversions(order)) is reordered
 
 
+async def test_a_compensation_that_writes_back_what_it_read_erases_another_orders_reservation(shop_ns):
+    _, pool, _ = shop_ns
+    lost = await sagas.compensation_race(pool, commutative=False)
+    kept = await sagas.compensation_race(pool, commutative=True)
+    assert (lost["stock"], lost["expected"]) == (10, 7)
+    assert kept["stock"] == kept["expected"] == 7
+
+
+async def test_notify_wakes_the_relay_long_before_its_polling_interval(shop_ns):
+    ns, pool, _ = shop_ns
+    stream = f"{ns.key_prefix}woken"
+    latencies = await events.relay_latency(
+        pool, ns.redis(), stream, interval=5.0, events=3, gap=0.01, notify="ch06_test", database_url=ns.database_url
+    )
+    assert len(latencies) == 3 and max(latencies) < 2.5  # polling alone would wait up to 5 s
+
+
 async def test_a_crash_between_publish_and_mark_publishes_again_with_the_same_event_id(shop_ns):
     ns, pool, plan = shop_ns
     r = ns.redis()

@@ -9,7 +9,7 @@ import pytest
 
 from course import eventstore as es
 from course import projections, search
-from course.chapters.ch07 import indexing, rig, streams
+from course.chapters.ch07 import indexing, rig, shredding, streams
 
 
 @pytest.fixture
@@ -44,6 +44,24 @@ async def test_07_execute_reloads_after_a_conflict_and_the_rule_refuses_the_over
 async def test_07_appending_without_an_expected_version_overdraws(pool, ans):
     out = await streams.overdraft_race(pool, ans.database_url, "acc", n=3, checked=False)
     assert out["balance_cents"] == -20_000
+
+
+async def test_07_a_double_clicked_deposit_lands_twice_unless_it_carries_an_idempotency_key(pool, ans):
+    plain = await streams.double_click(pool, ans.database_url, "plain", keyed=False)
+    keyed = await streams.double_click(pool, ans.database_url, "keyed", keyed=True)
+    assert plain["conflicts"] == keyed["conflicts"] == 1  # both retried after the version check said no
+    assert (plain["deposits"], plain["balance_cents"]) == (2, 10_000)
+    assert (keyed["deposits"], keyed["balance_cents"]) == (1, 5_000)
+
+
+def test_07_a_forgotten_key_leaves_the_sealed_fields_unreadable():
+    vault = shredding.KeyStore()
+    sealed = shredding.seal(vault.key_for("s"), {"name": "Ada"})
+    data = {"subject": "s", "pii": sealed}
+    assert shredding.reveal(vault, data) == {"name": "Ada"} and "Ada" not in sealed
+    with pytest.raises(ValueError):
+        shredding.unseal(shredding.KeyStore().key_for("s"), sealed)  # another key
+    assert vault.forget("s") and shredding.reveal(vault, data) is None
 
 
 async def test_07_a_snapshot_gives_the_same_state_as_the_full_fold(pool):

@@ -6,7 +6,8 @@
 - :func:`relay_skip_locked`: the plain polling relay, correct alone, out of order per
   aggregate when two run at once (the trap); :func:`ordering_race` makes that happen every
   time by holding the first relay's publish (:class:`RedisProbe`) until the second is done.
-- :func:`relay_latency`: end-to-end latency of a polling relay against its interval.
+- :func:`relay_latency`: end-to-end latency of a polling relay against its interval, and of
+  :func:`relay_listening`, a relay that ``NOTIFY`` wakes (the interval is its fallback).
 - :func:`ledger_consumer`: a downstream consumer that credits a revenue account once per
   event id, through chapter 03's :func:`course.idempotency.consume_payment_event`.
 """
@@ -18,7 +19,9 @@ import json
 import time
 from collections import defaultdict
 
+import psycopg
 import redis.exceptions
+from psycopg import sql
 
 from course import idempotency, outbox
 from course.kit.lab import LOCK_WAITERS
@@ -284,14 +287,70 @@ def inversions(order: dict[str, list[int]]) -> dict[str, list[tuple[int, int]]]:
 # ----------------------------------------------------------------------------- latency of a polling relay
 
 
+async def relay_listening(
+    database_url: str,
+    pool,
+    redis,
+    stream: str,
+    *,
+    channel: str,
+    interval: float,
+    stop: asyncio.Event,
+    limit: int = 50,
+    relay=relay_skip_locked,
+) -> int:
+    """A relay that ``NOTIFY`` wakes: drain, then sleep until a notification on ``channel`` or
+    ``interval`` seconds, whichever comes first. Returns the number of events published.
+
+    ``LISTEN`` runs on a connection of its own, before the first drain, so nothing committed
+    in between is missed. A notification is delivered only if the writer's transaction
+    commits; one sent while this connection is down is lost, which is why the interval
+    stays as a fallback poll.
+    """
+    total = 0
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as listener:
+        await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        while not stop.is_set():
+            while (n := await relay(pool, redis, stream, limit=limit)) == limit:  # drain a backlog
+                total += n
+            total += n
+            async for _ in listener.notifies(timeout=interval, stop_after=1):
+                pass  # woken by a commit, or the interval passed
+    return total
+
+
 async def relay_latency(
-    pool, redis, stream: str, *, interval: float, events: int = 20, gap: float = 0.023
+    pool,
+    redis,
+    stream: str,
+    *,
+    interval: float,
+    events: int = 20,
+    gap: float = 0.023,
+    notify: str | None = None,
+    database_url: str | None = None,
 ) -> list[float]:
-    """Seconds from each event's commit to its arrival in the stream, with a relay polling every ``interval``."""
+    """Seconds from each event's commit to its arrival in the stream, with a relay polling every
+    ``interval``; with ``notify`` (a channel), each writer also sends ``NOTIFY`` in its transaction
+    and the relay is :func:`relay_listening` (it needs ``database_url`` for its own connection)."""
     stop = asyncio.Event()
-    relay = asyncio.ensure_future(
-        outbox.relay_forever(pool, redis, stream, interval=interval, stop=stop, limit=50, relay=relay_skip_locked)
-    )
+
+    async def nap(seconds: float) -> None:  # the relay's sleep, cut short when the measurement ends
+        try:
+            await asyncio.wait_for(stop.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    if notify:
+        relay = asyncio.ensure_future(
+            relay_listening(database_url, pool, redis, stream, channel=notify, interval=interval, stop=stop)
+        )
+    else:
+        relay = asyncio.ensure_future(
+            outbox.relay_forever(
+                pool, redis, stream, interval=interval, stop=stop, limit=50, relay=relay_skip_locked, sleep=nap
+            )
+        )
     committed: dict[str, float] = {}
     latencies: list[float] = []
     last = "$"
@@ -315,11 +374,16 @@ async def relay_latency(
             oid = f"lat-{interval}-{i}-{time.monotonic_ns()}"
             async with pool.connection() as conn, conn.transaction():
                 await outbox.enqueue(conn, "order", oid, "OrderPlaced", {"order_id": oid})
+                if notify:
+                    await conn.execute("SELECT pg_notify(%s, '')", (notify,))  # delivered at COMMIT
             committed[oid] = time.perf_counter()
             await asyncio.sleep(gap)
         await asyncio.wait_for(read, timeout=5 + 2 * interval)
     finally:
         stop.set()
+        if notify:  # wake the listening relay now rather than after its interval
+            async with pool.connection() as conn:
+                await conn.execute("SELECT pg_notify(%s, '')", (notify,))
         read.cancel()
         await asyncio.gather(relay, read, return_exceptions=True)
     return latencies

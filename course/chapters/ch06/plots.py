@@ -131,22 +131,28 @@ def stream_order(races: dict[str, list[tuple[str, int]]]):
     return fig
 
 
-def latency(by_interval: dict[float, list[float]]):
-    """Commit-to-stream latency of a polling relay, per polling interval, with the interval marked."""
+def latency(runs: dict[str, tuple[float, list[float]]]):
+    """Commit-to-stream latency per relay (``{label: (polling interval s, latencies s)}``), each
+    with its polling interval marked."""
     import statistics
 
     fig, ax = figure(8, 2.8)
-    intervals = sorted(by_interval)
-    data = [[v * 1000 for v in by_interval[i]] for i in intervals]
-    ax.boxplot(data, positions=range(len(intervals)), widths=0.5, showfliers=True)
-    for x, i in enumerate(intervals):
+    labels = list(runs)
+    data = [[v * 1000 for v in runs[label][1]] for label in labels]
+    ax.boxplot(data, positions=range(len(labels)), widths=0.5, showfliers=True)
+    for x, label in enumerate(labels):
+        interval = runs[label][0]
         ax.hlines(
-            i * 1000, x - 0.35, x + 0.35, color=COLORS["bad"], ls="--", label="the polling interval" if x == 0 else None
+            interval * 1000,
+            x - 0.35,
+            x + 0.35,
+            color=COLORS["bad"],
+            ls="--",
+            label="the polling interval" if x == 0 else None,
         )
-        ax.text(
-            x + 0.3, statistics.median(data[x]), f"median {statistics.median(data[x]):.0f} ms", fontsize=8, va="bottom"
-        )
-    ax.set_xticks(range(len(intervals)), [f"poll every {i * 1000:.0f} ms" for i in intervals])
+        median = statistics.median(data[x])
+        ax.text(x + 0.3, median, f"median {median:.0f} ms", fontsize=8, va="bottom")
+    ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("commit to stream (ms)")
     legend_outside(ax)
     return fig

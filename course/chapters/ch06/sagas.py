@@ -6,6 +6,8 @@
   orchestrator, and tell what every order ended as.
 - :func:`timeline`: a slowed-down saga with every step and compensation timed and the
   order's page polled, for the "what the user sees" plot.
+- :func:`compensation_race`: the lost update a compensation causes when it writes back
+  the value its step read instead of adding the quantity back (the missing isolation).
 - :func:`choreography`: the same saga with no orchestrator: services react to each
   other's events on a Redis stream.
 """
@@ -178,6 +180,35 @@ async def timeline(pool, orders: list[dict], *, delay: float = 0.15, poll: float
         running = False
         await watcher
     return {"spans": spans, "pages": pages, "results": dict(zip([o["order_id"] for o in orders], results, strict=True))}
+
+
+# ----------------------------------------------------------------------------- the missing isolation
+
+
+async def compensation_race(pool, *, commutative: bool) -> dict:
+    """Order A reserves 2 of a book (10 in stock), order B reserves 3 of it, then A is compensated.
+
+    ``commutative=True`` undoes A with the shop's :func:`~course.chapters.ch06.shop.release_stock`
+    (``available + qty``: it commutes with B's reservation). ``commutative=False`` undoes A by
+    writing back the stock A read before its step (a before-image), which erases B's
+    reservation. Returns ``{"stock", "expected", "b_holds"}`` after A's compensation.
+    """
+    a, b = await demo_orders(pool, "accepted", 2, tag="iso-")
+    b = dict(b, sku=a["sku"], qty=3)  # the second customer buys the same book
+    seen_by_a = (await shop.effects(pool, a))["stock"]
+    await shop.reserve_stock(pool, a)
+    await shop.reserve_stock(pool, b)
+    if commutative:
+        await shop.release_stock(pool, a)
+    else:
+        async with pool.connection() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s AND status = 'reserved'",
+                (a["order_id"],),
+            )
+            await conn.execute("UPDATE ch06_stock SET available = %s WHERE sku = %s", (seen_by_a, a["sku"]))
+    stock = (await shop.effects(pool, a))["stock"]
+    return {"stock": stock, "expected": seen_by_a - b["qty"], "b_holds": b["qty"], "seen_by_a": seen_by_a}
 
 
 # ----------------------------------------------------------------------------- choreography

@@ -1,5 +1,6 @@
-"""Chapter 07's event-sourcing demos: the overdraft race, fold time and snapshots, the skipped
-late commit, projection lag as a user sees it, and a crash between apply and checkpoint."""
+"""Chapter 07's event-sourcing demos: the overdraft race, the double-clicked deposit that optimistic
+concurrency applies twice (and the idempotency key that stops it), fold time and snapshots, the
+skipped late commit, projection lag as a user sees it, and a crash between apply and checkpoint."""
 
 from __future__ import annotations
 
@@ -83,6 +84,61 @@ def outcome(result) -> str:
     if isinstance(result, BaseException):
         return f"{type(result).__name__}: {str(result).splitlines()[0]}"
     return f"appended, stream at version {result}"
+
+
+# ----------------------------------------------------------------------------- a double click: one intent, twice
+
+
+def keyed_evolve(state: dict | None, event: es.Event) -> dict:
+    """:func:`course.eventstore.account_evolve`, plus the idempotency keys the stream has seen.
+
+    (A real account keeps a window of them, as chapter 03 keeps its keys for a day.)
+    """
+    new = es.account_evolve(state, event)
+    key = event.data.get("idempotency_key")
+    return dict(new, keys=[*new.get("keys", []), key]) if key else new
+
+
+def deposit_once(amount_cents: int, key: str):
+    """Decide a deposit carrying the client's idempotency key; nothing if the stream has that key."""
+    deposit = es.deposit(amount_cents)
+
+    def decide(state):
+        if state is not None and key in state.get("keys", ()):
+            return []  # this intent is in the stream already: append nothing, answer with the version
+        return [(kind, dict(data, idempotency_key=key)) for kind, data in deposit(state)]
+
+    return decide
+
+
+async def double_click(pool, database_url: str, stream_id: str, *, keyed: bool, amount_cents: int = 5_000) -> dict:
+    """One deposit sent twice at once (a double click), through :func:`course.eventstore.execute`.
+
+    Both requests load the account before either appends (the rig's gate), so one of them
+    conflicts, reloads and decides again. ``keyed=False``: a deposit is always allowed, so the
+    retry appends it a second time. ``keyed=True``: both carry one idempotency key, and the
+    retry finds it in the stream.
+    """
+    await es.append(pool, stream_id, 0, [("AccountOpened", {"owner": "ada"})])
+    key = f"deposit-{uuid.uuid4().hex[:8]}"  # one key per intent: both clicks send it
+    decide = deposit_once(amount_cents, key) if keyed else es.deposit(amount_cents)
+    evolve = keyed_evolve if keyed else es.account_evolve
+    conflicts: list[str] = []
+
+    async def click():
+        return await es.execute(pool, stream_id, decide, evolve, on_conflict=lambda err: conflicts.append(str(err)))
+
+    results, log = await rig.race(database_url, ["es_events"], [click, click])
+    events = await es.read_stream(pool, stream_id)
+    state = es.fold(events, es.account_evolve)
+    return {
+        "results": results,
+        "log": log,
+        "conflicts": len(conflicts),
+        "deposits": sum(e.type == "Deposited" for e in events),
+        "balance_cents": state["balance_cents"],
+        "meant_cents": amount_cents,
+    }
 
 
 # ----------------------------------------------------------------------------- fold time and snapshots
