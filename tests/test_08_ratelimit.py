@@ -273,7 +273,19 @@ async def test_08_a_rate_limit_does_not_bound_requests_in_flight_and_a_bulkhead_
 
 def test_08_an_outage_run_says_when_its_mode_decided_on_redis_again():
     run = ch08.OutageRun("bounded", (0.3, 0.9), 30.0, 0.2, 0.02)
-    run.decisions = [(0.1, "redis", True), (0.4, "local", True), (0.95, "local", False), (1.02, "redis", True)]
-    assert run.back_at == 1.02 and run.in_outage == 1 and run.total == 3
-    assert run.admitted("local") == {4: 1} and run.paths == {"redis": 2, "local": 2}
+    run.decisions = [(0.1, "redis", True), (0.4, "local", True), (0.95, "redis", False), (1.0, "local", True)]
+    run.decisions += [(1.02, "redis", True), (1.03, "redis", True)]
+    assert run.back_at == 0.95 and run.all_back_at == 1.02  # one replica back first, the others later
+    assert run.in_outage == 1 and run.total == 5
+    assert run.admitted("local") == {4: 1, 10: 1} and run.paths == {"redis": 4, "local": 2}
     assert all(len(line) <= 110 for line in run.lines())
+
+
+async def test_08_replay_in_one_pipeline_decides_as_requests_sent_one_by_one(ans):
+    redis = ans.redis()
+    times = ch08.edge_traffic(10, 60.0, start=T)
+    for limiter in ch08.make_limiters(redis, limit=10, window=60.0):
+        piped = await ch08.replay(limiter, times)
+        await redis.delete(limiter.key("edge"))
+        one_by_one = [(await limiter.hit("edge", now=t)).allowed for t in times]
+        assert piped.allowed == one_by_one, type(limiter).__name__
