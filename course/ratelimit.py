@@ -16,13 +16,18 @@ server's own clock (``TIME``), so the clocks of the replicas never enter the dec
 - :class:`LeakyMeter` (a leaky bucket used as a meter: the token bucket's mirror image) and
   :class:`LeakyQueue` (a leaky bucket used as a queue: every request gets a slot
   ``1 / rate`` after the previous one and waits for it; rejected when the queue is full).
+- :class:`GCRA`: the generic cell rate algorithm, the token bucket's decisions kept in one
+  number (the time the bucket would be full again).
 - :func:`sliding_window` is the reference answer to the other graded task (a sliding log).
 - :class:`LocalTokenBucket` and :class:`FallbackLimiter`: when Redis is slow or down, a short
   timeout, chapter 02's :class:`~course.breaker.CircuitBreaker`, and a bounded local limit
   (``limit / replicas``) instead of no limit at all.
+- :class:`LocalThenShared`: a local bucket in front of the shared one, so a client far over
+  its limit is refused without a round trip to Redis.
 - :class:`RateLimitMiddleware` (ASGI): ``429`` with ``Retry-After`` and the ``RateLimit`` /
   ``RateLimit-Policy`` fields of draft-ietf-httpapi-ratelimit-headers; :func:`get_honouring_retry_after`
-  for the client that reads them (with chapter 01's :func:`course.retry.parse_retry_after`).
+  for the client that reads them (with chapter 01's :func:`course.retry.parse_retry_after`), and
+  adds jitter so a fleet refused at one moment does not come back at one moment.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import hashlib
 import ipaddress
 import json
 import math
+import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -188,6 +194,24 @@ return {allowed, math.ceil(wait * 1000), math.floor(capacity - level), math.ceil
 """
 )
 
+GCRA_LUA = (
+    _NOW
+    + """
+-- KEYS[1]: one number, the theoretical arrival time (TAT): when the bucket would be full again.
+-- ARGV: now, capacity (the burst), rate (per second), cost. GCRA (Brandur Leach, 2015): a request
+-- fits when, once it is counted, the TAT is at most capacity / rate ahead of now.
+local capacity, rate, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local tat = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now)
+local new_tat = tat + cost / rate
+local allow_at = new_tat - capacity / rate
+if now >= allow_at then
+  redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.max(1, math.ceil((new_tat - now) * 1000)))
+  return {1, 0, math.floor((now - allow_at) * rate), math.ceil((new_tat - now) * 1000)}
+end
+return {0, math.ceil((allow_at - now) * 1000), math.floor(capacity - (tat - now) * rate), math.ceil((tat - now) * 1000)}
+"""
+)
+
 LEAKY_QUEUE_LUA = (
     _NOW
     + """
@@ -296,6 +320,15 @@ class LeakyMeter(TokenBucket):
     name = "meter"
 
 
+class GCRA(TokenBucket):
+    """The generic cell rate algorithm: the token bucket's decisions, stored as one number
+    (the time at which the bucket would be full again) instead of two. redis-cell's
+    ``CL.THROTTLE`` is this algorithm as a Redis module."""
+
+    lua = GCRA_LUA
+    name = "gcra"
+
+
 class LeakyQueue(RedisLimiter):
     """A leaky bucket as a queue: admitted requests wait ``Decision.delay`` for their slot.
 
@@ -378,6 +411,20 @@ def _redis_trouble(err: BaseException) -> bool:
     return isinstance(err, (TimeoutError, asyncio.TimeoutError, OSError, RedisError))
 
 
+def redis_breaker(cooldown: float = 0.5, *, clock: Callable[[], float] = time.monotonic) -> CircuitBreaker:
+    """The fallback's breaker: opens after half of the last 10 calls (at least 3) failed on Redis
+    trouble; after ``cooldown`` seconds one probe finds out whether Redis is back."""
+    return CircuitBreaker(
+        threshold=0.5,
+        window_size=10,
+        min_calls=3,
+        cooldown=cooldown,
+        clock=clock,
+        is_failure=_redis_trouble,
+        name="redis",
+    )
+
+
 @dataclass
 class FallbackLimiter:
     """The shared limiter, with a short timeout; when Redis is slow or down, a local decision.
@@ -393,11 +440,7 @@ class FallbackLimiter:
     local: LocalTokenBucket
     mode: str = "bounded"
     timeout: float = 0.02
-    breaker: CircuitBreaker = field(
-        default_factory=lambda: CircuitBreaker(
-            threshold=0.5, window_size=10, min_calls=3, cooldown=0.5, is_failure=_redis_trouble, name="redis"
-        )
-    )
+    breaker: CircuitBreaker = field(default_factory=redis_breaker)
     counts: dict = field(default_factory=lambda: {"redis": 0, "local": 0, "open": 0, "closed": 0})
 
     async def hit(self, client: str, cost: int = 1) -> Decision:
@@ -414,6 +457,30 @@ class FallbackLimiter:
             return await self.local.hit(client, cost)
         self.counts["redis"] += 1
         return decision
+
+
+@dataclass
+class LocalThenShared:
+    """A local bucket in front of the shared one: what the local bucket refuses costs no round trip.
+
+    Give the local bucket the whole shared limit (one replica is never owed more than all of
+    it): a client within its limit is then never refused locally, and a client far over it is
+    refused by each replica on its own, without asking Redis. Envoy pairs its local and global
+    rate limits the same way, "to reduce load on the global rate limit service".
+    """
+
+    local: LocalTokenBucket
+    shared: RedisLimiter
+
+    async def hit(self, client: str, cost: int = 1, now: float | None = None) -> Decision:
+        first = await self.local.hit(client, cost, now)
+        if not first.allowed:
+            return first
+        return await self.shared.hit(client, cost, now)
+
+    @property
+    def policy(self) -> tuple[int, float]:
+        return self.shared.policy
 
 
 # ----------------------------------------------------------------------------- the HTTP edge
@@ -550,14 +617,18 @@ async def get_honouring_retry_after(
     max_wait: float = 60.0,
     sleep: Callable[[float], Awaitable] = asyncio.sleep,
     waits: list | None = None,
+    jitter: float = 0.1,
+    rand: Callable[[], float] = random.random,
     **kwargs,
 ):
     """GET ``url`` with an ``httpx.AsyncClient``; on 429 or 503 wait what ``Retry-After`` says
     (up to ``max_wait``) and try again, at most ``attempts`` times. The last response is returned.
 
     A server that sends ``Retry-After`` knows when capacity comes back; a client that waits
-    exactly that long neither hammers it nor waits longer than it must. Without the header it
-    falls back to chapter 01's capped exponential backoff.
+    that long neither hammers it nor waits much longer than it must. Never less: the wait is
+    ``Retry-After`` plus up to ``jitter`` of it (at least of one second), drawn from ``rand``,
+    so a fleet refused at one moment does not come back at one moment. Without the header it
+    falls back to chapter 01's capped exponential backoff with full jitter.
     """
     from course.backoff import FullJitter
 
@@ -567,10 +638,13 @@ async def get_honouring_retry_after(
         response = await http.get(url, **kwargs)
         if response.status_code not in (429, 503) or attempt == attempts - 1:
             return response
-        wait = parse_retry_after(response.headers.get("retry-after"))
-        wait = backoff.delay(attempt) if wait is None else wait
-        if wait > max_wait:
+        told = parse_retry_after(response.headers.get("retry-after"))
+        if told is not None and told > max_wait:
             return response  # the server asks for longer than we are willing to wait: give up now
+        if told is None:
+            wait = backoff.delay(attempt, rand=rand)
+        else:
+            wait = told + rand() * jitter * max(told, 1.0)  # later than told, never earlier
         if waits is not None:
             waits.append(wait)
         await sleep(wait)

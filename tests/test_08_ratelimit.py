@@ -111,7 +111,8 @@ async def test_08_middleware_answers_429_with_retry_after_and_ratelimit_fields(a
     assert codes[2].headers["retry-after"] == "2"
     assert codes[0].headers["ratelimit-policy"] == '"default";q=2;w=4'
     assert codes[0].headers["ratelimit"].startswith('"default";r=1;t=')
-    assert sleeps == [2.0] and last.status_code == 429  # waited what it was told (virtually), still refused
+    assert len(sleeps) == 1 and 2.0 <= sleeps[0] <= 2.2  # what it was told, plus at most 10% jitter
+    assert last.status_code == 429  # waited (virtually), still refused
 
 
 def test_08_limits_uri_speaks_unix_sockets():
@@ -163,3 +164,128 @@ async def test_08_the_local_bucket_forgets_the_least_recently_seen_client_not_th
         await bucket.hit(f"passer-by-{i}")
         await bucket.hit("abuser")
     assert not (await bucket.hit("abuser")).allowed  # evicted by insertion order, it got 3 fresh tokens
+
+
+class _Refusing:
+    """An httpx client stand-in that answers 429 with ``Retry-After: 1``, then 200."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def get(self, url, **kwargs):
+        self.calls += 1
+        return httpx.Response(429 if self.calls == 1 else 200, headers={"retry-after": "1"})
+
+
+async def test_08_a_fleet_honouring_retry_after_spreads_its_retries_and_never_comes_back_early():
+    """The drill promises jitter: without it, every client refused at one moment retries at one moment."""
+    import random
+
+    rand = random.Random(8).random
+    waits: list[float] = []
+
+    async def sleep(seconds):
+        pass
+
+    for _ in range(50):
+        await rl.get_honouring_retry_after(_Refusing(), "/x", sleep=sleep, waits=waits, rand=rand)
+    assert min(waits) >= 1.0 and max(waits) <= 1.1
+    assert max(waits) - min(waits) > 0.05  # spread over the range, not in lockstep
+
+
+async def test_08_gcra_decides_like_the_token_bucket_and_keeps_one_number(ans):
+    import random
+
+    redis = ans.redis()
+    rnd = random.Random(8)
+    times, t = [], T
+    for _ in range(200):
+        t += rnd.expovariate(5.0)
+        times.append(round(t, 3))
+    bucket = await _hits(rl.TokenBucket(redis, 10, 3.0), times)
+    gcra = rl.GCRA(redis, 10, 3.0)
+    got = await _hits(gcra, times)
+    assert [d.allowed for d in got] == [d.allowed for d in bucket]
+    # both round the wait up to the millisecond, from sums that differ in the last bits
+    assert all(abs(a.retry_after - b.retry_after) <= 0.0015 for a, b in zip(got, bucket, strict=True))
+    assert await redis.type(gcra.key("c")) == "string"
+
+
+class _Counting:
+    """A shared limiter stand-in that admits everything and counts the calls it got."""
+
+    limit, policy = 10, (10, 1.0)
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def hit(self, client, cost=1, now=None):
+        self.calls += 1
+        return rl.Decision(True)
+
+
+async def test_08_a_local_bucket_in_front_refuses_without_a_round_trip_and_spares_a_polite_client():
+    shared = _Counting()
+    limiter = rl.LocalThenShared(rl.LocalTokenBucket(5, 1.0), shared)
+    scraper = [await limiter.hit("scraper", now=0.0) for _ in range(50)]
+    polite = [await limiter.hit("polite", now=float(i)) for i in range(10)]  # one a second: within the limit
+    assert sum(d.allowed for d in scraper) == 5 and all(d.source == "local" for d in scraper[5:])
+    assert all(d.allowed for d in polite)
+    assert shared.calls == 5 + 10
+
+
+class _Outage:
+    """A shared limiter stand-in that fails while ``down`` is true."""
+
+    limit, policy = 10, (10, 1.0)
+    down = True
+
+    async def hit(self, client, cost=1, now=None):
+        if self.down:
+            raise ConnectionError("redis is down")
+        return rl.Decision(True)
+
+
+async def test_08_the_fallback_returns_to_redis_within_one_cooldown_once_it_answers_again():
+    """A probe that lands inside the outage restarts the cooldown; the next one finds Redis."""
+    now = [0.0]
+    shared = _Outage()
+    limiter = rl.FallbackLimiter(
+        shared, rl.LocalTokenBucket(100, 100.0), breaker=rl.redis_breaker(0.2, clock=lambda: now[0])
+    )
+    sources = []
+    for step in range(100):  # a request every 10 ms; Redis is back at 0.5 s
+        now[0] = step * 0.01
+        shared.down = now[0] < 0.5
+        sources.append((now[0], (await limiter.hit("c")).source))
+    back = next(t for t, source in sources if t >= 0.5 and source == "redis")
+    assert 0.5 <= back <= 0.5 + 0.2 + 0.01
+    assert all(source == "redis" for t, source in sources if t > back)
+
+
+async def test_08_a_rate_limit_does_not_bound_requests_in_flight_and_a_bulkhead_does():
+    alone = await ch08.rate_is_not_concurrency(rate=20.0, slow=1.0)
+    capped = await ch08.rate_is_not_concurrency(rate=20.0, slow=1.0, concurrency=5)
+    assert alone.most_in_flight(after=False) <= 2 and alone.most_in_flight(after=True) >= 18
+    assert capped.most_in_flight(after=True) == 5 and capped.refused["bulkhead"] > 0
+    assert alone.admitted_per_second(after=True, end=4.0) == pytest.approx(20.0, abs=1.0)
+
+
+def test_08_an_outage_run_says_when_its_mode_decided_on_redis_again():
+    run = ch08.OutageRun("bounded", (0.3, 0.9), 30.0, 0.2, 0.02)
+    run.decisions = [(0.1, "redis", True), (0.4, "local", True), (0.95, "redis", False), (1.0, "local", True)]
+    run.decisions += [(1.02, "redis", True), (1.03, "redis", True)]
+    assert run.back_at == 0.95 and run.all_back_at == 1.02  # one replica back first, the others later
+    assert run.in_outage == 1 and run.total == 5
+    assert run.admitted("local") == {4: 1, 10: 1} and run.paths == {"redis": 4, "local": 2}
+    assert all(len(line) <= 110 for line in run.lines())
+
+
+async def test_08_replay_in_one_pipeline_decides_as_requests_sent_one_by_one(ans):
+    redis = ans.redis()
+    times = ch08.edge_traffic(10, 60.0, start=T)
+    for limiter in ch08.make_limiters(redis, limit=10, window=60.0):
+        piped = await ch08.replay(limiter, times)
+        await redis.delete(limiter.key("edge"))
+        one_by_one = [(await limiter.hit("edge", now=t)).allowed for t in times]
+        assert piped.allowed == one_by_one, type(limiter).__name__

@@ -1,7 +1,9 @@
 """Chapter 08's demos: the boundary burst, what each limiter costs, processes sharing one
-limit, skewed clocks, an outage of Redis, the HTTP edge, and ``limits`` on the same server.
+limit, skewed clocks, the HTTP edge, and ``limits`` on the same server. Redis going away, a
+rate limit beside a concurrency limit and a local bucket in front of the shared one are in
+:mod:`course.chapters.ch08.overload` (imported here).
 
-Only chapter 08's notebook, checks and tests import this module. The limiters themselves
+Only chapter 08's notebook, checks and tests import this package. The limiters themselves
 are in :mod:`course.ratelimit`; the broken ones shown here (a read-then-write bucket, a
 bucket on the client's clock) exist only to be shown failing.
 
@@ -15,11 +17,18 @@ import asyncio
 import json
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from course import ratelimit as rl
+from course.chapters.ch08.overload import (  # noqa: F401 - the notebook reaches them as ch08.<name>
+    OutageRun,
+    legend_right,
+    local_in_front,
+    outages,
+    plot_outage,
+    rate_is_not_concurrency,
+)
 
 MINUTE = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC: a whole minute, so windows start on it
 
@@ -56,10 +65,18 @@ class Verdicts:
 
 
 async def replay(limiter: rl.RedisLimiter, times: list[float], client: str = "edge") -> Verdicts:
-    """Send one request at each (injected) time, in order; what the limiter said to each."""
-    await limiter.redis.delete(limiter.key(client))
-    allowed = [(await limiter.hit(client, now=t)).allowed for t in times]
-    return Verdicts(type(limiter).__name__, times, allowed)
+    """Send one request at each (injected) time, in order; what the limiter said to each.
+
+    The calls go in one pipeline: the same script calls as :meth:`~course.ratelimit.RedisLimiter.hit`,
+    run by Redis one after another in this order, for one round trip instead of one per request.
+    """
+    key = limiter.key(client)
+    await limiter.redis.delete(key)
+    async with limiter.redis.pipeline(transaction=False) as pipe:
+        for t in times:
+            await limiter._script(keys=[key], args=[repr(float(t)), *limiter._args(1)], client=pipe)
+        replies = await pipe.execute()
+    return Verdicts(type(limiter).__name__, times, [bool(reply[0]) for reply in replies])
 
 
 def make_limiters(redis, limit: int = 100, window: float = 60.0) -> list[rl.RedisLimiter]:
@@ -168,6 +185,7 @@ COST_MAKERS = {
     "SlidingCounter": lambda r, limit: rl.SlidingCounter(r, limit, 3600, prefix="cost"),
     "TokenBucket": lambda r, limit: rl.TokenBucket(r, limit, limit / 3600, prefix="cost"),
     "LeakyMeter": lambda r, limit: rl.LeakyMeter(r, limit, limit / 3600, prefix="cost"),
+    "GCRA": lambda r, limit: rl.GCRA(r, limit, limit / 3600, prefix="cost"),
 }
 
 
@@ -247,11 +265,16 @@ class SharedRun:
     def bound(self) -> float:
         return self.capacity + self.rate * self.seconds
 
+    @property
+    def verdict(self) -> str:
+        return f"{self.admitted / self.bound:.1f} x over" if self.admitted > self.bound else "within it"
+
     def line(self) -> str:
         clocks = f", clocks off by {self.skews} s" if any(self.skews) else ""
         return (
             f"{self.kind:16} {self.processes} processes{clocks}\n"
-            f"{'':16} admitted {self.admitted:4} where the limit allows {self.bound:.0f} (per process {self.per_process})"
+            f"{'':16} admitted {self.admitted:4}, the limit allows {self.bound:.0f}: {self.verdict} "
+            f"(per process {self.per_process})"
         )
 
 
@@ -286,7 +309,7 @@ async def processes_sharing_a_limit(
                 raise RuntimeError("a worker process did not start within 60 s")
         for n, run in enumerate(runs):
             key = f"{tag}:bucket:{n}"
-            start = time.time() + 0.2
+            start = time.time() + 0.1  # time for every worker to read its order
             skews = list(run.get("skews", [0.0] * processes))
             for i in range(processes):
                 spec = {"kind": run["kind"], "key": key, "capacity": capacity, "rate": rate, "seconds": seconds}
@@ -313,24 +336,28 @@ async def processes_sharing_a_limit(
     return results
 
 
-def plot_shared(runs: list[SharedRun], ax=None):
-    """Cumulative admitted requests over time for each run, against the token bucket's bound."""
+def plot_shared(runs: list[SharedRun]):
+    """One panel per run: admitted requests over time, all processes together, against the bound.
+    Each panel has its own scale (a log scale shared by all drew several times slower)."""
     from course.kit import plotting
 
-    if ax is None:
-        _, ax = plotting.figure(8, 3)
-    colors = [plotting.COLORS[c] for c in ("bad", "warn", "fix", "ok", "neutral")]
-    for run, color in zip(runs, colors, strict=False):
-        label = run.kind + (" (skewed clocks)" if any(run.skews) else "")
-        ax.step(run.times, range(1, len(run.times) + 1), where="post", color=color, label=f"{label}: {run.admitted}")
-    r0 = runs[0]
-    xs = [0, r0.seconds]
-    ax.plot(xs, [r0.capacity + r0.rate * x for x in xs], "k--", lw=1, label="capacity + rate x t")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("admitted, all processes")
-    ax.set_yscale("log")
-    plotting.legend_outside(ax)
-    return ax
+    fig, axes = plotting.figure(10, 3.0, ncols=len(runs))
+    for ax, run in zip(axes, runs, strict=True):
+        xs = [0, run.seconds]
+        ax.plot(
+            xs, [run.capacity + run.rate * x for x in xs], "k--", lw=1, zorder=3, label="the bound: capacity + rate x t"
+        )
+        over = run.admitted > run.bound
+        ax.step(run.times, range(1, len(run.times) + 1), where="post", lw=2,
+                color=plotting.COLORS["bad" if over else "ok"],
+                label="admitted, over the bound" if over else "admitted, within the bound")  # fmt: skip
+        clocks = "clocks 30 s apart" if any(run.skews) else "clocks agree"
+        ax.set_title(f"{run.kind}\n{clocks}\n{run.admitted} admitted", fontsize="small")
+        ax.set_xlabel("seconds")
+        ax.set_ylim(0, None)
+    axes[0].set_ylabel("admitted, all processes")
+    legend_right(axes)
+    return fig
 
 
 # ----------------------------------------------------------------------------- leaky bucket as a queue
@@ -356,97 +383,6 @@ async def leaky_queue_run(redis, *, requests: int = 20, rate: float = 20.0, max_
     out.sort()
     gaps = [b - a for a, b in zip(out, out[1:], strict=False)]
     return {"sent": sorted(out), "rejected": rejected, "gaps_ms": [round(g * 1000) for g in gaps]}
-
-
-# ----------------------------------------------------------------------------- Redis down
-
-
-@dataclass
-class OutageRun:
-    mode: str
-    admitted: Counter = field(default_factory=Counter)  # per 100 ms slot
-    paths: Counter = field(default_factory=Counter)
-    worst_ms: float = 0.0
-    in_outage: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(self.admitted.values())
-
-
-async def outage(
-    ns,
-    mode: str,
-    *,
-    replicas: int = 3,
-    seconds: float = 1.2,
-    pause: tuple[float, float] = (0.3, 0.9),
-    capacity: int = 30,
-    rate: float = 30.0,
-    interval: float = 0.01,
-) -> OutageRun:
-    """``replicas`` in-process replicas each send a request every ``interval`` s through a
-    :class:`~course.ratelimit.FallbackLimiter`; Redis stops answering during ``pause``."""
-    from course.kit.faults import pause_redis
-
-    redis = ns.redis(fresh=True)
-    control = ns.redis_sync()
-    key = f"outage:{mode}"
-    await redis.delete(f"ch08:bucket:{key}")
-    limiters = [
-        rl.FallbackLimiter(
-            rl.TokenBucket(redis, capacity, rate, prefix="ch08"),
-            rl.LocalTokenBucket(capacity / replicas, rate / replicas),
-            mode=mode,
-        )
-        for _ in range(replicas)
-    ]
-    run = OutageRun(mode)
-    t0 = time.monotonic()
-
-    async def replica(limiter: rl.FallbackLimiter) -> None:
-        n = 0
-        while (now := time.monotonic() - t0) < seconds:
-            t = time.perf_counter()
-            decision = await limiter.hit(key)
-            run.worst_ms = max(run.worst_ms, (time.perf_counter() - t) * 1000)
-            if decision.allowed:
-                run.admitted[int(now * 10)] += 1
-                run.in_outage += pause[0] <= now < pause[1]
-            n += 1
-            await asyncio.sleep(max(0.0, t0 + n * interval - time.monotonic()))
-
-    async def fault() -> None:
-        await asyncio.sleep(pause[0])
-        await asyncio.to_thread(pause_redis, control, pause[1] - pause[0])
-
-    try:
-        await asyncio.gather(fault(), *(replica(x) for x in limiters))
-    finally:
-        control.execute_command("CLIENT", "UNPAUSE")
-        control.close()
-        await redis.aclose()
-    for limiter in limiters:
-        run.paths.update({k: v for k, v in limiter.counts.items() if v})
-    return run
-
-
-def plot_outage(runs: list[OutageRun], pause: tuple[float, float], rate: float, ax=None):
-    from course.kit import plotting
-
-    if ax is None:
-        _, ax = plotting.figure(8, 3)
-    colors = {"bounded": plotting.COLORS["fix"], "open": plotting.COLORS["bad"], "closed": plotting.COLORS["warn"]}
-    for run in runs:
-        slots = range(max(max(run.admitted, default=0), 11) + 1)
-        ax.step([s / 10 for s in slots], [run.admitted.get(s, 0) for s in slots], where="post",
-                color=colors[run.mode], label=f"{run.mode}: {run.total} admitted")  # fmt: skip
-    ax.axvspan(*pause, color=plotting.COLORS["neutral"], alpha=0.15, label="Redis not answering")
-    ax.axhline(rate / 10, color="k", lw=1, linestyle="--", label="the global limit per 100 ms")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("admitted per 100 ms")
-    plotting.legend_outside(ax)
-    return ax
 
 
 # ----------------------------------------------------------------------------- the HTTP edge
@@ -564,7 +500,3 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(_worker(json.loads(argv[1])))
     else:
         raise SystemExit("usage: python -m course.chapters.ch08 worker SPEC")
-
-
-if __name__ == "__main__":
-    main()
