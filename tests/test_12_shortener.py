@@ -366,3 +366,26 @@ async def test_concurrent_misses_of_a_hot_link_read_postgres_once_with_single_fl
     breaker, redis, flight = shortener.cache_breaker(), ans.redis(), SingleFlight()
     got = await asyncio.gather(*(shortener.resolve(made["code"], redis, pool, breaker, flight=flight) for _ in range(50)))
     assert set(got) == {"https://example.com/hot"} and len(reads) == 1, len(reads)
+
+
+# ============================================================================ what changes at scale
+
+
+async def test_12_a_time_partitioned_table_refuses_unique_code_and_an_id_range_routes_by_decode(pool):
+    parts = await ch12.scale.partition_demo(pool)
+    assert "must include all partitioning columns" in parts["refused"]
+    assert shortener.decode_code(parts["code"]) == parts["id"]
+    assert "ch12_links_by_id_1" in parts["plan"][0] and "ch12_links_by_id_0" not in "".join(parts["plan"])
+    async with pool.connection() as conn:  # the demo rolled everything back
+        assert (await (await conn.execute("SELECT to_regclass('ch12_links_by_id')")).fetchone())[0] is None
+
+
+def test_12_truncated_hashes_collide_near_the_birthday_bound():
+    found = ch12.scale.first_collisions(3, trials=100)
+    assert 0.8 < found["mean"] / found["predicted"] < 1.25, found
+    assert ch12.scale.expected_pairs(1e8, shortener.ID_SPACE) > 1_000  # a month of hashed 7-character codes
+
+
+def test_12_an_append_only_redis_keeps_every_acknowledged_entry_through_sigkill():
+    aof = ch12.scale.aof_after_kill(500)
+    assert aof == {"policy": "everysec", "acknowledged": 500, "after_kill": 500}

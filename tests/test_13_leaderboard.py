@@ -268,3 +268,67 @@ async def test_13_the_board_feed_wakes_its_streams_and_lets_them_time_out():
             assert versions == sorted(set(versions)), versions
     finally:
         runner.cancel()
+
+
+# ----------------------------------------------------------------------------- removals, periods, replays
+
+
+async def test_13_a_removed_cheater_comes_back_with_gt_and_stays_off_with_versioned_writes(ans):
+    pool, r = await _setup(ans)
+    with_gt = await ch13.removal_race(pool, r, versioned=False)
+    assert not with_gt["in_postgres"] and with_gt["rank_after_removal"] is None
+    assert with_gt["rank_at_the_end"] == 1 and with_gt["points_on_board"] == 90_000  # back from the dead
+    versioned = await ch13.removal_race(pool, r, versioned=True)
+    assert versioned["rank_after_removal"] is None and versioned["rank_at_the_end"] is None
+    assert await lb.top(r, 3) == [("amy", 900), ("bo", 700), ("cy", 500)]
+
+
+async def test_13_a_versioned_write_may_lower_a_score_and_never_goes_back_in_versions(ans):
+    r = ans.redis()
+    assert await ch13.versioned_write(r, "amy", 2, 500)
+    assert await ch13.versioned_write(r, "amy", 3, 100)  # a correction: lower, and newer
+    assert not await ch13.versioned_write(r, "amy", 1, 900)  # older: refused
+    assert await r.zscore(lb.BOARD, "amy") == 100
+
+
+async def test_13_a_week_is_the_sum_of_its_days_and_encoded_scores_do_not_add_up(ans):
+    week = await ch13.period_boards(ans.redis(), players=300, days=3)
+    assert week["equal"] and week["days"] == 3 and week["members"] > 0
+    assert week["summed"][0] == 201  # 100 + 100, plus a carry from the time digits
+
+
+def test_13_the_rebuild_verdict_says_how_the_cost_per_player_grows():
+    def runs(*per_player_us):
+        return [{"players": n, "seconds": n * us / 1e6} for n, us in zip((1_000, 10_000), per_player_us, strict=True)]
+
+    assert ch13.rebuild_verdict(runs(4.1, 4.5)).endswith("about linear")
+    assert "more than linear" in ch13.rebuild_verdict(runs(4.1, 7.3))
+    assert "less than linear" in ch13.rebuild_verdict(runs(9.0, 4.0))
+
+
+async def test_13_the_play_button_replays_a_burst_on_the_pages_own_board(ans):
+    import functools
+
+    pool, r = await _setup(ans)
+    live = f"{lb.BOARD}:live-test"
+    await r.zadd(live, {"stale": lb.encode(10**6, 0)})  # left over: the burst starts the board afresh
+    app = ch13.make_app(
+        ans,
+        top_and_rank=functools.partial(lb.top_and_rank, key=live),
+        record_score=functools.partial(lb.record, key=live),
+        board_key=live,
+        interval=0.05,
+    )
+    svc = ch13.LiveService(app, name="test-13-play").start()
+    try:
+        async with httpx.AsyncClient(base_url=svc.url, timeout=10) as http:
+            assert (await http.post("/play", json={"seconds": 0.5})).json()["started"] is True
+            assert (await http.post("/play", json={"seconds": 0.5})).json()["started"] is False  # one at a time
+            for _ in range(100):
+                top = (await http.get("/board")).json()["top"]
+                if top and top[0]["player"] != "stale":
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        svc.stop()
+    assert top and all(row["player"] != "stale" for row in top), top

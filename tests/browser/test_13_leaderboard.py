@@ -1,5 +1,6 @@
 """Chapter 13's live leaderboard in headless Chromium: the page connects over Server-Sent Events
-and moves when score events arrive, without reloading.
+and moves when score events arrive, without reloading, and when its "play" button asks the
+service for a burst of its own.
 
 The service is the chapter's Starlette app (``course.chapters.ch13.make_app``) with the
 reference ``record`` and ``top_and_rank``, on a scratch namespace of the live servers; score
@@ -66,6 +67,13 @@ def test_13_the_live_board_moves_in_the_browser_as_scores_arrive(browser, live_b
     assert page.locator("#board tr.up").count() == 1  # the changed row flashes
     assert page.locator("#problem").inner_text() == ""
     print(f"the board moved {took:.2f} s after the score event; screenshot {screenshot(page, '13-live-leaderboard')}")
+
+    page.locator("#play").click()  # the server plays a burst itself: the board moves with no cell running
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#board tr')].some(r => r.dataset.player.startsWith('player'))",
+        timeout=10_000,
+    )
+    assert page.locator("#problem").inner_text() == ""
 
 
 LIVE_CELLS = [

@@ -11,7 +11,8 @@ generator that runs in its own process is :mod:`course.chapters.ch12.load`. Here
 - :func:`measure_paths`: redirects per second and latency from the cache and from
   PostgreSQL, alternating every half second in one run of the load generator;
 - :class:`DemoRedis` and :func:`outage_run`: a Redis of the demo's own, killed and
-  restarted while the load generator runs against a service that uses it.
+  restarted while the load generator runs against a service that uses it;
+- :mod:`.scale`: partitions, the append-only file after a kill, the birthday bound.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from course import shortener
+from course.chapters.ch12 import scale  # noqa: F401 - the notebook calls ch12.scale.<demo>
 from course.kit import backends
 from course.kit.stats import percentile
 
@@ -359,11 +361,14 @@ async def run_load(
 ) -> LoadRun:
     """Run the load generator in a process of its own; ``on_ready(start)`` is awaited (if it
     returns an awaitable) once its connections are open and the first slice has begun."""
+    from course.chapters.ch12 import load
+
     spec = {"port": port, "paths": paths, "slices": slices, "connections": connections, "seed": seed}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "course.chapters.ch12.load",
+        "-I",  # the generator needs the standard library only: no site packages, no course
+        "-S",  # package to import, so it starts in a fraction of the time
+        load.__file__,
         json.dumps(spec),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -559,13 +564,21 @@ async def outage_run(
 
 
 def plot_outages(runs: list[OutageRun]):
-    """One panel per run: every request's latency over time, by where it was served from."""
+    """One panel per run: every request's latency over time, by where it was served from, and a
+    band on top with the Redis breaker's state (a half-open probe lasts milliseconds: it is
+    drawn at least 1.5% of the axis wide so it can be seen)."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import LogFormatter
+
     from course.breaker import CLOSED, HALF_OPEN, OPEN
     from course.kit import plotting
 
-    band = {CLOSED: plotting.COLORS["ok"], OPEN: plotting.COLORS["bad"], HALF_OPEN: plotting.COLORS["warn"]}
-
-    fig, axes = plotting.figure(13, 2.6 * len(runs), nrows=len(runs), sharex=True)
+    band = {
+        CLOSED: ("breaker closed", plotting.COLORS["ok"]),
+        OPEN: ("breaker open", plotting.COLORS["bad"]),
+        HALF_OPEN: ("breaker half-open (a probe)", plotting.COLORS["warn"]),
+    }
+    fig, axes = plotting.figure(13, 2.8 * len(runs), nrows=len(runs), sharex=True)
     axes = list(axes) if len(runs) > 1 else [axes]
     kinds = {
         "hit": ("from Redis", plotting.COLORS["ok"]),
@@ -581,16 +594,29 @@ def plot_outages(runs: list[OutageRun]):
             ]
             if pts:
                 xs, ys = zip(*pts, strict=True)
-                ax.scatter(xs, ys, s=3, color=color, label=f"{name} ({len(pts)})", rasterized=True)
-        ax.axvspan(*run.down, color=plotting.COLORS["bad"], alpha=0.08, label="Redis killed")
+                ax.scatter(xs, ys, s=4, color=color, label=f"{name} ({len(pts)})", rasterized=True)
+        ax.axvspan(*run.down, color=plotting.COLORS["bad"], alpha=0.08, label="Redis dead")
         ends = [t for t, _ in run.transitions[1:]] + [run.load.seconds]
-        for (t, state), t_next in zip(run.transitions, ends[: len(run.transitions)], strict=True):
-            ax.axvspan(max(t, 0), t_next, ymin=0.96, ymax=1.0, color=band[state])
+        least = 0.015 * run.load.seconds
+        spans = list(zip(run.transitions, ends[: len(run.transitions)], strict=True))
+        for (t, state), t_next in sorted(spans, key=lambda span: span[0][1] == HALF_OPEN):  # probes on top
+            start = max(t, 0)
+            width = max(t_next - start, least if state == HALF_OPEN else 0)
+            ax.axvspan(start, start + width, ymin=0.93, ymax=1.0, color=band[state][1], zorder=3)
+        seen = {state for _, state in run.transitions}
         ax.set_yscale("log")
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high * 1.6)  # room above the points for the band
+        ax.yaxis.set_major_formatter(LogFormatter())  # 20, 50, 100: no 4x10^2 on a short axis
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
         ax.set_ylabel("latency (ms)")
         ax.set_title(run.summary(), fontsize=9, loc="left")
-        plotting.legend_outside(ax)
-    axes[-1].set_xlabel("seconds into the run (top band: the Redis breaker, green closed, red open, orange half-open)")
+        handles, labels = ax.get_legend_handles_labels()
+        handles += [
+            Patch(color=band[s][1], label=f"top band: {band[s][0]}") for s in (CLOSED, OPEN, HALF_OPEN) if s in seen
+        ]
+        plotting.legend_outside(ax, handles=handles, markerscale=3)
+    axes[-1].set_xlabel("seconds into the run")
     return fig
 
 

@@ -9,7 +9,9 @@ Routes:
 - ``GET /events``      the stream, written by hand on Starlette's ``StreamingResponse``;
 - ``GET /events-lib``  the same stream through ``sse-starlette``'s ``EventSourceResponse``;
 - ``GET /board``       the current snapshot as JSON;
-- ``POST /scores``     one score event, applied with ``record_score``.
+- ``POST /scores``     one score event, applied with ``record_score``;
+- ``POST /play``       a burst of score events for a few seconds, played by the server itself
+  (the page's "play" button), so the board can move long after the notebook's cells ran.
 
 One poller per app (:class:`BoardFeed`) reads the top N a few times a second and wakes the
 streams when it changed, so a thousand open pages cost the same Redis reads as one. A
@@ -21,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from course import leaderboard as lb
 from course.kit.notebook import not_done
@@ -36,6 +39,22 @@ SEASON_START = 1_735_689_600  # 2025-01-01T00:00:00Z
 def season_clock() -> int:
     """Seconds since the season began (``at`` of a live event)."""
     return int(time.time()) - SEASON_START
+
+
+def game_events(per_tick: int = 6, players: int = 40) -> Iterator[list[dict]]:
+    """Ticks of a small game, forever: ``per_tick`` score events each, for ``players`` players
+    and ``you`` (the player the page follows), with event ids unique to this generator."""
+    rng = random.Random()
+    stamp = time.monotonic_ns()
+    i = 0
+    while True:
+        tick = []
+        for _ in range(per_tick):
+            i += 1
+            player = "you" if rng.random() < 0.03 else f"player{rng.randrange(players):02d}"
+            tick.append({"event_id": f"live-{stamp}-{i}", "player": player, "points": rng.choice([5, 10, 25, 50]),
+                         "at": season_clock()})  # fmt: skip
+        yield tick
 
 
 class BoardFeed:
@@ -89,7 +108,12 @@ def _snapshot(top: list[tuple[str, int]], follow: str, rank: int | None) -> dict
 
 
 def sse(data: dict, *, event: str = "board", id: int | None = None) -> str:
-    """One Server-Sent Event on the wire: ``event:``, ``id:``, ``data:`` lines and a blank line."""
+    """One Server-Sent Event on the wire: ``event:``, ``id:`` (when given), ``data:`` lines and a blank line.
+
+    The page's stream sends no ``id:``: every frame is the whole snapshot, so a page that
+    reconnects needs nothing replayed, and a browser's ``Last-Event-ID`` would only be worth
+    reading if ids meant the same to every server process and across restarts.
+    """
     lines = [f"event: {event}"]
     if id is not None:
         lines.append(f"id: {id}")
@@ -106,8 +130,14 @@ def make_app(
     follow: str = "you",
     interval: float = 0.2,
     keepalive: float = 15.0,
+    board_key: str = lb.BOARD,
 ):
-    """The live-board app on namespace ``ns``; its pool and Redis client live on the server's own loop."""
+    """The live-board app on namespace ``ns``; its pool and Redis client live on the server's own loop.
+
+    ``board_key`` is the board ``top_and_rank`` reads: ``POST /play`` starts it afresh
+    (``UNLINK``) before its burst, because cells that ran since may have emptied PostgreSQL
+    under it, and ``ZADD GT`` would then refuse the smaller new totals.
+    """
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.routing import Route
@@ -126,12 +156,16 @@ def make_app(
 
         app.state.pool, app.state.r, app.state.read = pool, r, read
         app.state.feed = feed = BoardFeed(read, interval)
+        app.state.burst = None
         poller = asyncio.create_task(feed.run())
         try:
             yield
         finally:
             poller.cancel()
-            await asyncio.gather(poller, return_exceptions=True)
+            bursts = [app.state.burst] if app.state.burst is not None else []
+            for task in bursts:
+                task.cancel()
+            await asyncio.gather(poller, *bursts, return_exceptions=True)
             await r.aclose()
             await pool.close()
             # sse-starlette learns of a shutdown through uvicorn's signal handlers, which a server
@@ -177,8 +211,8 @@ def make_app(
                 if frame is None:
                     yield ": keep-alive\n\n"  # a comment line: proxies see traffic, browsers ignore it
                 else:
-                    kind, data, version = frame
-                    yield sse(data, event=kind, id=version)
+                    kind, data, _version = frame
+                    yield sse(data, event=kind)  # no id: a full snapshot needs no resume
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}  # no caching, no proxy buffering
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
@@ -191,8 +225,8 @@ def make_app(
         async def body():
             async for frame in frames(request):
                 if frame is not None:
-                    kind, data, version = frame
-                    yield ServerSentEvent(data=json.dumps(data), event=kind, id=str(version), retry=1000)
+                    kind, data, _version = frame
+                    yield ServerSentEvent(data=json.dumps(data), event=kind, retry=1000)
 
         return EventSourceResponse(body(), ping=keepalive, send_timeout=10)
 
@@ -214,12 +248,37 @@ def make_app(
         applied = await record_score(request.app.state.pool, request.app.state.r, event)
         return JSONResponse({"applied": bool(applied)})
 
+    async def replay(request: Request):
+        """A burst of score events, played by the server through ``record_score``."""
+        state = request.app.state
+        if record_score is None:
+            return JSONResponse({"error": "this page does not take scores"}, status_code=405)
+        if state.burst is not None and not state.burst.done():
+            return JSONResponse({"playing": True, "started": False})
+        try:
+            seconds = min(max(float((await request.json()).get("seconds", 5)), 0.5), 30.0)
+        except (AttributeError, TypeError, ValueError):
+            seconds = 5.0
+
+        async def burst() -> None:
+            await state.r.unlink(board_key)
+            ticks = game_events()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                for event in next(ticks):
+                    await record_score(state.pool, state.r, event)
+                await asyncio.sleep(0.1)
+
+        state.burst = asyncio.create_task(burst())
+        return JSONResponse({"playing": True, "started": True, "seconds": seconds})
+
     routes = [
         Route("/", page),
         Route("/board", board),
         Route("/events", events),
         Route("/events-lib", events_lib),
         Route("/scores", scores, methods=["POST"]),
+        Route("/play", replay, methods=["POST"]),
     ]
     application = serve.app(routes, lifespan=lifespan)
     application.state.closing = threading.Event()
@@ -255,6 +314,7 @@ PAGE = """<!doctype html>
   #status { font-size: 12px; padding: 2px 8px; border-radius: 10px; background: #eee; }
   #status.live { background: #d5f5e3; color: #1e8449; }
   #status.down { background: #fadbd8; color: #922b21; }
+  #play { margin-left: auto; font: inherit; font-size: 13px; padding: 2px 10px; cursor: pointer; }
   table { border-collapse: collapse; width: 100%; }
   th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #eee; }
   td.points, th.points { text-align: right; font-variant-numeric: tabular-nums; }
@@ -267,7 +327,8 @@ PAGE = """<!doctype html>
 </style>
 </head>
 <body>
-<header><h1>Top {{N}}</h1><span id="status">connecting</span></header>
+<header><h1>Top {{N}}</h1><span id="status">connecting</span>
+<button id="play" title="the server plays score events for 5 seconds">play 5 s</button></header>
 <table>
   <thead><tr><th>#</th><th>player</th><th class="points">points</th></tr></thead>
   <tbody id="board"></tbody>
@@ -300,6 +361,13 @@ source.addEventListener("board", (ev) => {
   $("last").textContent = new Date().toLocaleTimeString();
 });
 source.addEventListener("problem", (ev) => { $("problem").textContent = JSON.parse(ev.data).problem; });
+$("play").onclick = () => {
+  $("play").disabled = true;
+  setTimeout(() => { $("play").disabled = false; }, 5000);
+  fetch("play", {method: "POST", headers: {"Content-Type": "application/json"}, body: '{"seconds": 5}'})
+    .then((r) => r.ok ? null : r.json().then((j) => { $("problem").textContent = j.error; }))
+    .catch(() => { $("problem").textContent = "the service is not running"; });
+};
 source.onerror = () => {
   $("status").textContent = "reconnecting"; $("status").className = "down";
   fetch("board").then((r) => r.ok ? null : r.json().then((j) => { $("problem").textContent = j.error; }));
