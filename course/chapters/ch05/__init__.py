@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 
@@ -24,6 +24,9 @@ from course import messaging as mq
 from course.backoff import FullJitter
 from course.kit import stats
 from course.retry import RetryPolicy, RetryState, retry_call
+
+#: The killed consumer of :func:`kill_mid_message`, run as a file: it imports only redis and psycopg.
+WORKER = Path(__file__).with_name("crash_worker.py")
 
 APPLIED_SCHEMA = """
 -- what the demo handlers (and the checks' handlers) applied, one row per applied message
@@ -56,9 +59,10 @@ async def fresh_stream(pool, redis, stream: str, group: str = "workers") -> tupl
     """Delete ``stream`` and its dead-letter stream, empty the consumer's tables (the demos reuse
     message ids such as A-1), make the group anew."""
     dlq = f"{stream}:dlq"
-    await redis.delete(stream, dlq)
+    lease = mq.lease_key(stream, group)
+    await redis.delete(stream, dlq, lease, f"{lease}:fence")
     async with pool.connection() as conn:
-        await conn.execute("TRUNCATE ch05_applied, mq_parked, mq_blocked_keys, mq_processed, ch05_orders")
+        await conn.execute("TRUNCATE ch05_applied, mq_parked, mq_blocked_keys, mq_processed, mq_fence, ch05_orders")
     await mq.ensure_group(redis, stream, group)
     return stream, dlq
 
@@ -185,46 +189,6 @@ class CrashRun:
     seconds: float = 0.0
 
 
-def _worker(cfg: dict) -> None:
-    """The killed consumer (runs in a child process): one entry at a time, ack first or last."""
-    import redis as redis_sync
-
-    parent = os.getppid()
-    r = redis_sync.Redis.from_url(cfg["redis_url"], decode_responses=True)
-    stream, group, name = cfg["stream"], cfg["group"], cfg["consumer"]
-
-    def hang() -> None:
-        r.set(cfg["marker"], "hanging")
-        for _ in range(600):  # the parent kills us; if it died itself, stop within 30 s
-            time.sleep(0.05)
-            if os.getppid() != parent:
-                os._exit(1)
-        os._exit(1)
-
-    with psycopg.connect(cfg["database_url"], autocommit=True) as conn:
-        while reply := r.xreadgroup(group, name, {stream: ">"}, count=1):
-            entry_id, fields = reply[0][1][0]
-            if cfg["ack"] == "first":
-                r.xack(stream, group, entry_id)
-            with conn.transaction():
-                cur = conn.execute(
-                    "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
-                    "ON CONFLICT DO NOTHING RETURNING 1",
-                    (fields["id"], stream, entry_id),
-                )
-                if cur.fetchone():
-                    conn.execute(
-                        "INSERT INTO ch05_applied (stream, message_id, key, seq, consumer) VALUES (%s, %s, %s, %s, %s)",
-                        (stream, fields["id"], fields["key"], int(fields["seq"]), name),
-                    )
-                if fields["id"] == cfg["hang_on"] and cfg["hang_at"] == "before commit":
-                    hang()
-            if fields["id"] == cfg["hang_on"] and cfg["hang_at"] == "after commit":
-                hang()
-            if cfg["ack"] == "last":
-                r.xack(stream, group, entry_id)
-
-
 async def kill_mid_message(ns, pool, redis, *, ack: str, hang_at: str, stream: str) -> CrashRun:
     """Start a consumer process, SIGKILL it while it holds M-2 (``hang_at`` "before commit" or
     "after commit"; it acks ``ack`` = "first" or "last"), then let a second consumer take over."""
@@ -245,7 +209,7 @@ async def kill_mid_message(ns, pool, redis, *, ack: str, hang_at: str, stream: s
         "hang_on": "M-2",
         "marker": marker,
     }
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", __name__, json.dumps(cfg))
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(WORKER), json.dumps(cfg))
     try:
         for _ in range(400):
             if await redis.get(marker) or proc.returncode is not None:
@@ -266,7 +230,6 @@ async def kill_mid_message(ns, pool, redis, *, ack: str, hang_at: str, stream: s
         group="workers",
         consumer="worker-2",
         dlq=dlq,
-        claim_idle_ms=50,
     )
     run.applied_after_takeover = await applied(pool, stream)
     run.seconds = time.perf_counter() - t0
@@ -617,11 +580,3 @@ async def throttled_replay(pool, redis, stream: str, *, keys: int = 6, per_secon
         [m for m in order if m.startswith(f"R{k}-")] == [f"R{k}-{s}" for s in range(1, 4)] for k in range(keys)
     )
     return {"before": before, "after": after, "replayed": done, "seconds": seconds, "in_order": in_order}
-
-
-def main(argv: list[str]) -> None:  # the killed consumer process of kill_mid_message
-    _worker(json.loads(argv[0]))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
