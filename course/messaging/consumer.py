@@ -17,7 +17,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from course.backoff import FullJitter
-from course.breaker import CLOSED, OPEN, CircuitBreaker, CircuitOpenError
+from course.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, CircuitOpenError
 from course.messaging.ownership import LEASE_MS, LeaseLost, check_fence, renew_lease, take_ownership
 from course.retry import RetryPolicy, RetryState, is_retryable, retry_call, status_of
 
@@ -338,6 +338,7 @@ class Wiring:
     gate: CircuitBreaker | None = None
     max_deliveries: int | None = None
     counts: Counter = field(default_factory=Counter)
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # set when an admitted attempt ends
 
     def note(self, event: str, **extra) -> None:
         if self.log is not None:
@@ -351,10 +352,14 @@ class Wiring:
         """One :func:`apply_once`, through the outage breaker (which raises CircuitOpenError while open)."""
 
         async def once() -> str:
-            return await apply_once(
-                self.pool, self.handle, stream=self.stream, entry_id=entry_id, fields=fields, lane=lane,
-                token=self.token, deliveries=deliveries, max_deliveries=self.max_deliveries,
-            )  # fmt: skip
+            try:
+                return await apply_once(
+                    self.pool, self.handle, stream=self.stream, entry_id=entry_id, fields=fields, lane=lane,
+                    token=self.token, deliveries=deliveries, max_deliveries=self.max_deliveries,
+                )  # fmt: skip
+            finally:  # wake the lanes waiting for a half-open breaker's probe to settle
+                self.settled.set()
+                self.settled = asyncio.Event()
 
         return await (self.gate.call(once) if self.gate is not None else once())
 
@@ -364,13 +369,17 @@ class Wiring:
             return 0.0
         if self.gate.state == OPEN:
             return max(0.0, self.gate.opened_at + self.gate.cooldown - self.clock())
-        return min(self.gate.cooldown, 1.0)  # half-open: a probe is in flight
+        return self.gate.cooldown  # half-open: a probe is in flight; it closes or reopens the breaker
 
-    async def wait_out(self, entry_id: str, fields: dict, seconds: float) -> None:
-        """The dependency is down: wait, without spending an attempt of this message."""
+    async def wait_out(self, entry_id: str, fields: dict) -> None:
+        """The dependency is down: wait, without spending an attempt of this message, until the breaker's
+        cooldown ends, or (half-open) until its probe has settled."""
         self.counts["paused"] += 1
-        self.emit("paused", entry_id, fields, seconds=seconds)
-        await self.sleep(seconds)
+        self.emit("paused", entry_id, fields, breaker=self.gate.state, seconds=self.pause_left())
+        if self.gate.state == HALF_OPEN:
+            await self.settled.wait()
+        else:  # at least 1 ms: a float remainder of the cooldown could be too small to move a clock
+            await self.sleep(max(self.pause_left(), 0.001))
 
 
 #: What stops a message's retries without a verdict on it: a lost lease, an open breaker.
@@ -398,14 +407,14 @@ async def process_entry(w: Wiring, entry_id: str, fields: dict, lane: str, deliv
                 lambda: w.attempt(entry_id, fields, lane, deliveries), policy, clock=w.clock, sleep=w.sleep,
                 rand=w.rand, on_retry=logged, state=state,
             )  # fmt: skip
-        except CircuitOpenError as err:
-            await w.wait_out(entry_id, fields, err.retry_after)
+        except CircuitOpenError:
+            await w.wait_out(entry_id, fields)
             continue
         except LeaseLost:
             raise
         except Exception as err:  # noqa: BLE001 - classified: permanent, or out of attempts
             if state.gave_up != "not retryable" and w.pause_left() > 0:  # the outage, not the message
-                await w.wait_out(entry_id, fields, w.pause_left())
+                await w.wait_out(entry_id, fields)
                 continue
             over = isinstance(err, DeliveryLimitExceeded)
             reason = "deliveries" if over else "permanent" if state.gave_up == "not retryable" else "exhausted"
@@ -575,7 +584,12 @@ async def ordered_consumer(
             flight["entries"] -= 1
         del queues[lane], lanes[lane]  # no await since the last check: nothing was added meanwhile
 
+    def dead() -> bool:  # a lane that ended still listed ended with an error: the TaskGroup raises it
+        return any(task.done() for task in lanes.values())
+
     def dispatch(entries, tg: asyncio.TaskGroup, deliveries: dict | None = None) -> None:
+        if dead():  # the group is shutting down (with Python 3.11 the cancel it sends us can be lost)
+            return
         for entry_id, fields in entries:
             if not fields:  # deleted from the stream (XDEL, XTRIM) while pending: nothing to apply
                 tg.create_task(redis.xack(stream, group, entry_id))
@@ -588,12 +602,12 @@ async def ordered_consumer(
             if lane not in lanes:
                 lanes[lane] = tg.create_task(run_lane(lane))
 
-    lost = False
-    try:
+    async def drain() -> None:
+        nonlocal renewed
         async with asyncio.TaskGroup() as tg:
             await take_pending(redis, stream, group, consumer, 0 if lease_ms is not None else claim_idle_ms, batch)
             history: str | None = "0"  # this name's pending entries (all just taken), then new ones
-            while True:
+            while not dead():
                 if renew_every is not None and time.monotonic() - renewed >= renew_every:
                     if not await renew_lease(redis, lease, lease_ms):
                         raise LeaseLost(f"{consumer} lost the lease on {stream}")
@@ -601,7 +615,7 @@ async def ordered_consumer(
                 room = max_in_flight - flight["entries"]
                 if w.pause_left() > 0 and w.gate.state == OPEN:  # the dependency is down: read nothing
                     if not lanes:
-                        await sleep(w.pause_left())
+                        await sleep(max(w.pause_left(), 0.001))
                         continue
                 elif room < max(1, min(batch, max_in_flight) // 2):
                     if not flight["full"]:
@@ -624,6 +638,10 @@ async def ordered_consumer(
                     if not lanes:
                         break
                 await asyncio.wait(list(lanes.values()), timeout=renew_every, return_when=asyncio.FIRST_COMPLETED)
+
+    lost = False
+    try:  # the lanes' TaskGroup runs in a task of its own: a lane's crash cancels the group's parent
+        await asyncio.create_task(drain())  # task, and on Python 3.11 that cancel can outlive the group
     except* LeaseLost:
         lost = True
     if lost:
