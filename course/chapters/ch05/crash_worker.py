@@ -1,7 +1,10 @@
-"""Chapter 05's killed consumer (run by :func:`course.chapters.ch05.kill_mid_message` as a file).
+"""Chapter 05's killed consumers (run as a file by :func:`course.chapters.ch05.kill_runs`).
 
-One entry at a time, acknowledged first or last; it hangs at a named point until the parent kills
-it with SIGKILL. It imports only redis and psycopg, so the process starts in a fraction of a second.
+``python crash_worker.py CFG [CFG ...]``: this process imports redis and psycopg once, then forks
+one consumer per configuration, one after the other. Each reads its stream one entry at a time,
+acknowledges first or last, and hangs at a named point after writing its pid to a Redis key;
+the notebook's process kills it there with SIGKILL, and the next one is forked. A fork starts in
+milliseconds, where a fresh interpreter spends a second importing the two clients.
 """
 
 from __future__ import annotations
@@ -12,21 +15,28 @@ import sys
 import time
 
 import psycopg
+import redis as redis_sync
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _worker(cfg: dict) -> None:
-    """The killed consumer (runs in a child process): one entry at a time, ack first or last."""
-    import redis as redis_sync
-
+    """One killed consumer (a forked child): one entry at a time, ack first or last."""
     parent = os.getppid()
     r = redis_sync.Redis.from_url(cfg["redis_url"], decode_responses=True)
     stream, group, name = cfg["stream"], cfg["group"], cfg["consumer"]
 
     def hang() -> None:
-        r.set(cfg["marker"], "hanging")
-        for _ in range(600):  # the parent kills us; if it died itself, stop within 30 s
+        r.set(cfg["marker"], str(os.getpid()))
+        for _ in range(600):  # the notebook kills us; if it (or our parent) died, stop within 30 s
             time.sleep(0.05)
-            if os.getppid() != parent:
+            if os.getppid() != parent or not _alive(cfg["owner"]):
                 os._exit(1)
         os._exit(1)
 
@@ -54,5 +64,16 @@ def _worker(cfg: dict) -> None:
                 r.xack(stream, group, entry_id)
 
 
+def main(configs: list[dict]) -> None:
+    for cfg in configs:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _worker(cfg)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)  # until the notebook has killed it
+
+
 if __name__ == "__main__":
-    _worker(json.loads(sys.argv[1]))
+    main([json.loads(arg) for arg in sys.argv[1:]])
