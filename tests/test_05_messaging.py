@@ -8,6 +8,7 @@ import inspect
 import httpx
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from course import messaging as mq
 from course.backoff import FullJitter
@@ -296,10 +297,10 @@ async def test_05_a_fencing_counter_lost_by_redis_never_hands_out_an_older_token
 
 async def test_05_read_ahead_stops_at_max_in_flight_while_a_lane_is_stuck(ans):
     pool, redis, stream, dlq = await _world(ans, "readahead")
-    total, cap = 60, 20
+    total = 450
     await ch05.publish(redis, stream, [("S", s) for s in range(1, total + 1)])
     seen = {"delivered": 0, "at capacity": 0}
-    enough = asyncio.Event()
+    enough, measured = asyncio.Event(), asyncio.Event()
 
     def log(event: dict) -> None:
         if event["event"] in seen:
@@ -311,14 +312,19 @@ async def test_05_read_ahead_stops_at_max_in_flight_while_a_lane_is_stuck(ans):
         if fields["id"] == "S-1":
             await enough.wait()
             held.update(pending=(await redis.xpending(stream, GROUP))["pending"], delivered=seen["delivered"])
+            measured.set()
+            await asyncio.Event().wait()  # stuck for good: the test stops the consumer
 
     held: dict = {}
-    await mq.ordered_consumer(
-        pool, redis, stuck_on_s1, stream=stream, group=GROUP, consumer="c", dlq=dlq, log=log, batch=10,
-        max_in_flight=cap,
-    )  # fmt: skip
-    assert held["delivered"] <= cap and held["pending"] <= cap  # not the whole backlog while S-1 was stuck
-    assert (await redis.xpending(stream, GROUP))["pending"] == 0 and seen["delivered"] == total
+    run = asyncio.create_task(
+        mq.ordered_consumer(pool, redis, stuck_on_s1, stream=stream, group=GROUP, consumer="c", dlq=dlq, log=log)
+    )
+    await asyncio.wait_for(measured.wait(), 30)
+    run.cancel()
+    await asyncio.gather(run, return_exceptions=True)
+    assert held["delivered"] < total  # not the whole backlog while S-1 was stuck
+    cap = inspect.signature(mq.ordered_consumer).parameters["max_in_flight"].default
+    assert held["delivered"] <= cap and held["pending"] <= cap
 
 
 def test_05_the_default_claim_idle_time_is_well_above_an_entrys_retry_budget():
@@ -376,27 +382,35 @@ async def test_05_an_outage_of_the_dependency_pauses_the_consumer_instead_of_dea
 
 async def test_05_replay_commits_in_batches_and_a_replay_killed_half_way_resumes(ans):
     pool, redis, stream, dlq = await _world(ans, "batches")
-    parked, batch = 25, 10
-    await ch05.publish(redis, stream, [("R", s) for s in range(1, parked + 2)])
-    await mq.ordered_consumer(
-        pool, redis, ch05.recorder(stream, poison={"R-1"}), stream=stream, group=GROUP, consumer="c", dlq=dlq
-    )
+    parked = 150  # R-1 dead-lettered, R-2 .. R-151 parked behind it (written as the consumer leaves them)
+    dead = mq.make_message("R-1", "R", "event", 1)
+    dlq_id = await redis.xadd(dlq, dead)
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO mq_blocked_keys (stream, key, entry_id, message_id, dlq_id, fields, reason) "
+            "VALUES (%s, 'R', '1-1', 'R-1', %s, %s, 'permanent')",
+            (stream, dlq_id, Jsonb(dead)),
+        )
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                "INSERT INTO mq_parked (stream, entry_id, key, fields) VALUES (%s, %s, 'R', %s)",
+                [(stream, f"1-{s}", Jsonb(mq.make_message(f"R-{s}", "R", "event", s))) for s in range(2, parked + 2)],
+            )
     record = ch05.recorder(stream)
     calls = 0
 
-    async def killed_at_15(conn, fields) -> None:
+    async def killed_at_120(conn, fields) -> None:
         nonlocal calls
         calls += 1
-        if calls == 15:
+        if calls == 120:
             raise mq.ConsumerKilled("the replaying process died")
         await record(conn, fields)
 
-    killed = mq.replay_key(pool, redis, killed_at_15, stream=stream, key="R", dlq=dlq, batch=batch)
-    assert await _until_killed(killed)
-    assert len(await ch05.applied(pool, stream)) == batch  # the first batch stayed committed
+    assert await _until_killed(mq.replay_key(pool, redis, killed_at_120, stream=stream, key="R", dlq=dlq))
+    assert len(await ch05.applied(pool, stream)) == 100  # the first batch (R-1 and 99 parked) stayed committed
     seen = await mq.metrics(pool, redis, stream=stream, group=GROUP, dlq=dlq)
-    assert (seen["blocked_keys"], seen["parked"], seen["dlq"]) == (1, parked - 9, 1)  # still blocked: unblock last
-    assert await mq.replay_key(pool, redis, record, stream=stream, key="R", dlq=dlq, batch=batch) == parked + 1 - 10
+    assert (seen["blocked_keys"], seen["parked"], seen["dlq"]) == (1, parked - 99, 1)  # still blocked: unblock last
+    assert await mq.replay_key(pool, redis, record, stream=stream, key="R", dlq=dlq) == parked + 1 - 100
     assert await ch05.applied(pool, stream) == [f"R-{s}" for s in range(1, parked + 2)]
     seen = await mq.metrics(pool, redis, stream=stream, group=GROUP, dlq=dlq)
     assert (seen["blocked_keys"], seen["parked"], seen["dlq"]) == (0, 0, 0)
