@@ -1,10 +1,12 @@
 """Chapter 05's demos: messages under failure, measured live on Redis Streams and PostgreSQL.
 
-Only chapter 05's notebook, checks and tests import this module. The patterns live in
+Only chapter 05's notebook, checks and tests import this package. The patterns live in
 :mod:`course.messaging`; here are the runs that show why they are needed: real errors to
-classify, a consumer process killed with SIGKILL (ack before vs after the work), the five
-orders of two messages, head-of-line blocking per ordering scope, a retry queue that
-reorders, throttled replay, and Dramatiq (a production task queue) on the same Redis.
+classify, consumer processes killed with SIGKILL (ack before vs after the work;
+:mod:`course.chapters.ch05.crash_worker`), the five orders of two messages, head-of-line
+blocking per ordering scope, a retry queue that reorders, throttled replay, and Dramatiq (a
+production task queue) on the same Redis. What breaks when a consumer is replaced, killed by a
+message or starved by an outage is in :mod:`course.chapters.ch05.failover`.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 
@@ -24,6 +28,9 @@ from course import messaging as mq
 from course.backoff import FullJitter
 from course.kit import stats
 from course.retry import RetryPolicy, RetryState, retry_call
+
+#: The killed consumers of :func:`kill_runs`, run as a file: it imports only redis and psycopg, then forks.
+WORKER = Path(__file__).with_name("crash_worker.py")
 
 APPLIED_SCHEMA = """
 -- what the demo handlers (and the checks' handlers) applied, one row per applied message
@@ -56,9 +63,10 @@ async def fresh_stream(pool, redis, stream: str, group: str = "workers") -> tupl
     """Delete ``stream`` and its dead-letter stream, empty the consumer's tables (the demos reuse
     message ids such as A-1), make the group anew."""
     dlq = f"{stream}:dlq"
-    await redis.delete(stream, dlq)
+    lease = mq.lease_key(stream, group)
+    await redis.delete(stream, dlq, lease, f"{lease}:fence")
     async with pool.connection() as conn:
-        await conn.execute("TRUNCATE ch05_applied, mq_parked, mq_blocked_keys, mq_processed, ch05_orders")
+        await conn.execute("TRUNCATE ch05_applied, mq_parked, mq_blocked_keys, mq_processed, mq_fence, ch05_orders")
     await mq.ensure_group(redis, stream, group)
     return stream, dlq
 
@@ -185,91 +193,82 @@ class CrashRun:
     seconds: float = 0.0
 
 
-def _worker(cfg: dict) -> None:
-    """The killed consumer (runs in a child process): one entry at a time, ack first or last."""
-    import redis as redis_sync
+CRASHES = (("last", "before commit"), ("first", "before commit"), ("last", "after commit"))
 
-    parent = os.getppid()
-    r = redis_sync.Redis.from_url(cfg["redis_url"], decode_responses=True)
-    stream, group, name = cfg["stream"], cfg["group"], cfg["consumer"]
 
-    def hang() -> None:
-        r.set(cfg["marker"], "hanging")
-        for _ in range(600):  # the parent kills us; if it died itself, stop within 30 s
-            time.sleep(0.05)
-            if os.getppid() != parent:
-                os._exit(1)
-        os._exit(1)
+async def kill_runs(ns, pool, redis, stream: str, cases=CRASHES) -> list[CrashRun]:
+    """For each ``(ack, hang_at)``: a consumer process reads M-1 .. M-4 one at a time and is killed
+    with SIGKILL while it holds M-2 (``hang_at`` "before commit" or "after commit"; it acks ``ack`` =
+    "first" or "last"); then a second consumer takes over.
 
-    with psycopg.connect(cfg["database_url"], autocommit=True) as conn:
-        while reply := r.xreadgroup(group, name, {stream: ">"}, count=1):
-            entry_id, fields = reply[0][1][0]
-            if cfg["ack"] == "first":
-                r.xack(stream, group, entry_id)
-            with conn.transaction():
-                cur = conn.execute(
-                    "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
-                    "ON CONFLICT DO NOTHING RETURNING 1",
-                    (fields["id"], stream, entry_id),
-                )
-                if cur.fetchone():
-                    conn.execute(
-                        "INSERT INTO ch05_applied (stream, message_id, key, seq, consumer) VALUES (%s, %s, %s, %s, %s)",
-                        (stream, fields["id"], fields["key"], int(fields["seq"]), name),
-                    )
-                if fields["id"] == cfg["hang_on"] and cfg["hang_at"] == "before commit":
-                    hang()
-            if fields["id"] == cfg["hang_on"] and cfg["hang_at"] == "after commit":
-                hang()
-            if cfg["ack"] == "last":
-                r.xack(stream, group, entry_id)
+    Each case has its stream (``<stream>:<n>``) and its id prefix (``"<n>/M-1"``; the lists in the
+    results leave it out). One process imports the clients and forks the killed consumers
+    (:mod:`course.chapters.ch05.crash_worker`)."""
+    await fresh_stream(pool, redis, stream)
+    cfgs = []
+    for n, (ack, hang_at) in enumerate(cases):
+        s = f"{stream}:{n}"
+        await redis.delete(s, f"{s}:dlq", f"{s}:marker", mq.lease_key(s, "workers"))
+        await mq.ensure_group(redis, s, "workers")
+        for seq in range(1, 5):
+            await redis.xadd(s, mq.make_message(f"{n}/M-{seq}", "M", "event", seq))
+        cfgs.append(
+            {"redis_url": ns.redis_url, "database_url": ns.database_url, "stream": s, "group": "workers",
+             "consumer": "worker-1", "ack": ack, "hang_at": hang_at, "hang_on": f"{n}/M-2", "marker": f"{s}:marker",
+             "owner": os.getpid()}
+        )  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(WORKER), *map(json.dumps, cfgs))
+    runs = []
+    try:
+        for n, (ack, hang_at) in enumerate(cases):
+            runs.append(await _kill_and_take_over(pool, redis, proc, cfgs[n], CrashRun(ack, hang_at), f"{n}/"))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    return runs
+
+
+async def _kill_and_take_over(pool, redis, proc, cfg: dict, run: CrashRun, prefix: str) -> CrashRun:
+    t0 = time.perf_counter()
+    stream = cfg["stream"]
+    pid = None
+    for _ in range(1000):
+        pid = await redis.get(cfg["marker"])
+        if pid or proc.returncode is not None:
+            break
+        await asyncio.sleep(0.02)
+    if pid:
+        os.kill(int(pid), signal.SIGKILL)  # no clean-up, no rollback from the process itself
+        while _alive(int(pid)):  # until its parent has reaped it
+            await asyncio.sleep(0.005)
+    await asyncio.sleep(0.06)  # the connection is gone; PostgreSQL rolls back its transaction
+
+    async def done() -> list[str]:
+        return [m.removeprefix(prefix) for m in await applied(pool, stream)]
+
+    run.applied_before_kill = await done()
+    run.pending_after_kill = await redis.xpending_range(stream, "workers", "-", "+", 10)
+    run.takeover = await mq.ordered_consumer(
+        pool, redis, recorder(stream, consumer="worker-2"), stream=stream, group="workers", consumer="worker-2",
+        dlq=f"{stream}:dlq",
+    )  # fmt: skip
+    run.applied_after_takeover = await done()
+    run.seconds = time.perf_counter() - t0
+    return run
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 async def kill_mid_message(ns, pool, redis, *, ack: str, hang_at: str, stream: str) -> CrashRun:
-    """Start a consumer process, SIGKILL it while it holds M-2 (``hang_at`` "before commit" or
-    "after commit"; it acks ``ack`` = "first" or "last"), then let a second consumer take over."""
-    t0 = time.perf_counter()
-    run = CrashRun(ack, hang_at)
-    stream, dlq = await fresh_stream(pool, redis, stream)
-    await publish(redis, stream, [("M", s) for s in range(1, 5)])
-    marker = f"{stream}:marker"
-    await redis.delete(marker)
-    cfg = {
-        "redis_url": ns.redis_url,
-        "database_url": ns.database_url,
-        "stream": stream,
-        "group": "workers",
-        "consumer": "worker-1",
-        "ack": ack,
-        "hang_at": hang_at,
-        "hang_on": "M-2",
-        "marker": marker,
-    }
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", __name__, json.dumps(cfg))
-    try:
-        for _ in range(400):
-            if await redis.get(marker) or proc.returncode is not None:
-                break
-            await asyncio.sleep(0.05)
-    finally:
-        if proc.returncode is None:
-            proc.kill()  # SIGKILL: no clean-up, no rollback from the process itself
-        await proc.wait()
-    await asyncio.sleep(0.06)  # the connection is gone; PostgreSQL rolls back its transaction
-    run.applied_before_kill = await applied(pool, stream)
-    run.pending_after_kill = await redis.xpending_range(stream, "workers", "-", "+", 10)
-    run.takeover = await mq.ordered_consumer(
-        pool,
-        redis,
-        recorder(stream, consumer="worker-2"),
-        stream=stream,
-        group="workers",
-        consumer="worker-2",
-        dlq=dlq,
-        claim_idle_ms=50,
-    )
-    run.applied_after_takeover = await applied(pool, stream)
-    run.seconds = time.perf_counter() - t0
+    """One case of :func:`kill_runs`."""
+    (run,) = await kill_runs(ns, pool, redis, stream, [(ack, hang_at)])
     return run
 
 
@@ -617,11 +616,3 @@ async def throttled_replay(pool, redis, stream: str, *, keys: int = 6, per_secon
         [m for m in order if m.startswith(f"R{k}-")] == [f"R{k}-{s}" for s in range(1, 4)] for k in range(keys)
     )
     return {"before": before, "after": after, "replayed": done, "seconds": seconds, "in_order": in_order}
-
-
-def main(argv: list[str]) -> None:  # the killed consumer process of kill_mid_message
-    _worker(json.loads(argv[0]))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
