@@ -133,7 +133,8 @@ async def relay_batch(
             await publish(redis, stream, rows)  # a failure here rolls the claim back: nothing is marked
             if rows:
                 await conn.execute(
-                    "UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY(%s)", ([r[0] for r in rows],)
+                    "UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY(%s)",
+                    ([r[0] for r in rows],),
                 )
         published += len(rows)
     return published

@@ -229,7 +229,8 @@ async def wait_for(
     while True:
         async with pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT owner, balance_cents, version FROM account_balances WHERE account_id = %s", (account_id,)
+                "SELECT owner, balance_cents, version FROM account_balances WHERE account_id = %s",
+                (account_id,),
             )
             row = await cur.fetchone()
         if row is not None and row[2] >= version:

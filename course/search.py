@@ -72,10 +72,13 @@ CONFIG = "english"
 TSV = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
 
 # One statement decides: insert a new document, replace an older version, ignore the rest.
+_TSV_SHOWN = TSV.replace(" || ", "\n                  || ")  # the same SQL, on lines a notebook shows unwrapped
 UPSERT = f"""
 INSERT INTO search_documents AS d (doc_id, version, title, body, deleted, tsv, indexed_at)
 VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s,
-        CASE WHEN %(deleted)s THEN ''::tsvector ELSE {TSV} END, now())
+        CASE WHEN %(deleted)s THEN ''::tsvector
+             ELSE {_TSV_SHOWN} END,
+        now())
 ON CONFLICT (doc_id) DO UPDATE
    SET version = EXCLUDED.version, title = EXCLUDED.title, body = EXCLUDED.body,
        deleted = EXCLUDED.deleted, tsv = EXCLUDED.tsv, indexed_at = now()
@@ -163,7 +166,12 @@ def transient(err: BaseException) -> bool:
 
 
 async def relay_once(
-    pool, indexer: Indexer = index_event, *, batch: int = 50, index_pool=None, max_attempts: int = MAX_ATTEMPTS
+    pool,
+    indexer: Indexer = index_event,
+    *,
+    batch: int = 50,
+    index_pool=None,
+    max_attempts: int = MAX_ATTEMPTS,
 ) -> int:
     """Deliver up to ``batch`` unpublished outbox events to ``indexer``; how many were published.
 

@@ -191,7 +191,7 @@ async def schedule_shipment(pool, order: dict) -> None:
 
 
 async def release_stock(pool, order: dict) -> None:
-    """Undo :func:`reserve_stock`: the row moves reserved -> released, and only then is the stock given back."""
+    """Undo :func:`reserve_stock`: the row moves reserved -> released, and only then the stock goes back."""
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
             "UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s AND status = 'reserved' "
@@ -200,7 +200,8 @@ async def release_stock(pool, order: dict) -> None:
         )
         row = await cur.fetchone()
         if row is not None:
-            await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s", (row[1], row[0]))
+            sku, qty = row
+            await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s", (qty, sku))
 
 
 async def refund_payment(pool, order: dict) -> None:

@@ -60,7 +60,8 @@ class OrderSaga:
                     compensation,
                     order,
                     start_to_close_timeout=timedelta(seconds=2),
-                    retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=100)),  # retried for ever
+                    # retried for ever: a compensation never gives up
+                    retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=100)),
                 )
             return "compensated"
         return "completed"
