@@ -218,7 +218,7 @@ def shape(out):
 
 
 async def main():
-    ctl = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    ctl = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=None)  # BLPOP waits its own timeout
     try:
         fn = build()
     except BaseException as err:
@@ -334,7 +334,9 @@ class Workers:
                     stderr=subprocess.DEVNULL,
                 )
             )
-        self.ctl = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        # socket_timeout=None: redis-py 8 cuts every read at 5 s, so a BLPOP for a worker slowed by a
+        # loaded machine would raise instead of waiting its own timeout (a grade that depends on load)
+        self.ctl = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=None)
 
     async def ready(self, timeout: float = 60.0) -> str | None:
         """None when every worker is up; else what went wrong in the first that failed."""

@@ -232,7 +232,7 @@ async def _hammer(redis, spec: dict, start: float) -> list[float]:
 async def _worker(spec: dict) -> None:
     import redis.asyncio as aioredis
 
-    redis = aioredis.Redis.from_url(spec["redis_url"], decode_responses=True)
+    redis = aioredis.Redis.from_url(spec["redis_url"], decode_responses=True, socket_timeout=None)  # BLPOP waits
     me, tag = spec["index"], spec["tag"]
     await redis.rpush(f"{tag}:ready", me)
     while True:

@@ -18,6 +18,7 @@ generator that runs in its own process is :mod:`course.chapters.ch12.load`. Here
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -350,6 +351,18 @@ class LoadRun:
         return out
 
 
+async def _reaped(proc, seconds: float = 10.0) -> None:
+    """Wait for the generator to end, never for ever: if asyncio's child watcher misses its exit
+    (seen once under a loaded test run), reap it directly."""
+    import os
+
+    try:
+        await asyncio.wait_for(proc.wait(), seconds)
+    except TimeoutError:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(proc.pid, os.WNOHANG)
+
+
 async def run_load(
     port: int,
     paths: list[str],
@@ -384,11 +397,11 @@ async def run_load(
             if asyncio.iscoroutine(pending):
                 await pending
         body = await asyncio.wait_for(proc.stdout.read(), sum(s["seconds"] for s in slices) + 30)
-        await proc.wait()
+        await _reaped(proc)
     finally:
         if proc.returncode is None:
             proc.kill()
-            await proc.wait()
+            await _reaped(proc)
     result = json.loads(body)
     return LoadRun(result["start"], result["seconds"], result["connections"], result["records"], slices)
 
