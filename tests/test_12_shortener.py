@@ -348,7 +348,7 @@ async def test_the_click_aggregator_survives_a_database_error_and_counts_it(ans,
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await asyncio.wait_for(task, 30)  # a loop that swallows its cancel fails here instead of hanging
     assert agg.flushed == 5 and agg.errors.count == 2 and "OperationalError" in agg.errors.last, agg.errors
 
 
