@@ -24,6 +24,7 @@ Architecture Blog, 2015); :mod:`course.chapters.ch01.herd` replays that post's s
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -167,7 +168,17 @@ class LoopErrors:
     last: str | None = None
 
     def failed(self, err: BaseException) -> float:
-        """Record ``err``; the seconds to wait before the next try."""
+        """Record ``err``; the seconds to wait before the next try.
+
+        Called from the loop's ``except Exception``: when the loop's task is being cancelled
+        and a client library turned the cancel into an error of its own, the cancel goes on
+        (raised here), so that stopping a loop always stops it."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running event loop: a synchronous caller
+            task = None
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError from err
         self.count += 1
         self.last = f"{type(err).__name__}: {err}".splitlines()[0][:300]
         delay = self.backoff.delay(self.streak, rand=self.rand)

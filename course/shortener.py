@@ -586,8 +586,6 @@ class ClickAggregator:
                     await self.flush()
                     last = time.monotonic()
             except Exception as err:  # noqa: BLE001 - an aggregator that dies on its first error counts nothing
-                if asyncio.current_task().cancelling():  # a cancel a client library turned into its own error:
-                    raise asyncio.CancelledError from err  # stopping must still stop the loop
                 recovered = False
                 await asyncio.sleep(self.errors.failed(err))
                 continue

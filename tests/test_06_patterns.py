@@ -353,3 +353,28 @@ async def test_the_cdc_relay_drains_a_long_slot_one_page_at_a_time(shop_ns, monk
             assert [f["aggregate_id"] for _, f in await r.xrange(stream)] == [f"o-{i}" for i in range(12)]
         finally:
             await cdc.drop_slot(conn, slot, pub)
+
+
+async def test_a_loop_being_cancelled_stops_even_when_the_cancel_comes_back_as_another_error():
+    """A client library may turn a cancel into its own exception; LoopErrors re-raises the cancel."""
+    from course.backoff import LoopErrors
+
+    errors, started = LoopErrors(), asyncio.Event()
+
+    async def loop():
+        while True:
+            try:
+                started.set()
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError as err:
+                    raise ConnectionError("connection closed while reading") from err  # as a client might
+            except Exception as err:  # noqa: BLE001 - the loop survives its errors
+                await asyncio.sleep(errors.failed(err))
+
+    task = asyncio.ensure_future(loop())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert errors.count == 0
