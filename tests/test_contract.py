@@ -6,7 +6,6 @@ crashing the grader and scores zero on every task.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from autograder import check, harness
+from tests.helpers import servers_env
 
 REPO = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted(check.chapters())
@@ -36,10 +36,8 @@ def test_the_solution_runs_cleanly_and_scores_full_marks(chapter):
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_the_student_notebook_scores_zero_without_crashing_the_grader(chapter):
     """Through the command a learner runs: `course check --json`, exit 1 and the documented JSON."""
-    from course.kit import backends
-
     solution = check.read_notebook(REPO / "solutions" / chapter / f"{chapter}.ipynb")
-    env = {**os.environ, **backends.servers().as_env()}  # this worker's servers: none started for the call
+    env = servers_env()  # this worker's servers: none started for the call
     proc = subprocess.run(
         [sys.executable, "-m", "course.kit.cli", "check", f"notebooks/{chapter}/{chapter}.ipynb", "--json"],
         capture_output=True,
