@@ -173,12 +173,7 @@ class LoopErrors:
         Called from the loop's ``except Exception``: when the loop's task is being cancelled
         and a client library turned the cancel into an error of its own, the cancel goes on
         (raised here), so that stopping a loop always stops it."""
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:  # no running event loop: a synchronous caller
-            task = None
-        if task is not None and task.cancelling():
-            raise asyncio.CancelledError from err
+        _raise_if_cancelling(err)
         self.count += 1
         self.last = f"{type(err).__name__}: {err}".splitlines()[0][:300]
         delay = self.backoff.delay(self.streak, rand=self.rand)
@@ -186,4 +181,18 @@ class LoopErrors:
         return delay
 
     def succeeded(self) -> None:
+        """Reset the streak. A cancel that a library swallowed on the way (Python 3.11's
+        ``asyncio.wait_for`` returns the result when its future finishes as the cancel
+        arrives) is raised here, so the loop still stops at the end of its round."""
+        _raise_if_cancelling(None)
         self.streak = 0
+
+
+def _raise_if_cancelling(err: BaseException | None) -> None:
+    """Raise CancelledError when the running task has been asked to stop."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop: a synchronous caller
+        return
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from err

@@ -378,3 +378,31 @@ async def test_a_loop_being_cancelled_stops_even_when_the_cancel_comes_back_as_a
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
     assert errors.count == 0
+
+
+async def test_a_loop_stops_when_a_library_swallows_its_cancel():
+    """Python 3.11's asyncio.wait_for returns the result (and drops the cancel) when its future
+    finishes as the cancel arrives; a loaded CI run hung on such a loop. succeeded() stops it."""
+    from course.backoff import LoopErrors
+
+    errors, rounds = LoopErrors(), []
+
+    async def loop():
+        while True:
+            try:
+                rounds.append(1)
+                try:
+                    await asyncio.sleep(0.001)
+                except asyncio.CancelledError:
+                    pass  # swallowed, as the library did
+            except Exception as err:  # noqa: BLE001 - the loop survives its errors
+                await asyncio.sleep(errors.failed(err))
+                continue
+            errors.succeeded()
+
+    task = asyncio.ensure_future(loop())
+    while not rounds:
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
