@@ -196,3 +196,17 @@ def test_selfcheck_says_where_it_can_be_fooled_and_what_grades(capsys, monkeypat
     harness.selfcheck("00", {})  # nothing defined: every task fails fast, no server needed
     out = capsys.readouterr().out
     assert "total: 0/" in out and "`course check` grades a saved" in out, out
+
+
+def test_a_claim_says_whether_the_run_bore_it_out_and_travels_in_the_cell_output(capsys):
+    from course.kit import claims
+
+    held = claims.check("a beats b", measured="3 against 9", held=3 < 9, source="Brooker 2015", otherwise="x")
+    missed = claims.check("c beats d", measured="9 against 3", held=9 < 3, otherwise="a loaded machine")
+    text = capsys.readouterr().out
+    assert "[held] a beats b\n    measured: 3 against 9 (Brooker 2015)" in text and "why a run" not in held.text()
+    assert "[did not hold on this run] c beats d" in text and "why a run can miss it: a loaded machine" in text
+    outputs = [{"output_type": "display_data", "data": {claims.MIME: vars(c)}} for c in (held, missed)]
+    assert claims.found_in(outputs) == [held, missed]
+    long = claims.check("word " * 60, measured="m", held=True)
+    assert max(map(len, long.text().splitlines())) <= claims.WIDTH

@@ -2,6 +2,8 @@
 
 - The solution notebook runs top to bottom without an error (its hidden test cells grade every
   task), and its printed lines fit a browser at 1,400 px.
+- Every claim a chapter checks against its measurement (:mod:`course.kit.claims`) held, in
+  both runs, on a machine loaded by the rest of the suite (three workers on two cores).
 - Then, in the same kernel, the unfinished student notebook runs top to bottom: no tracebacks,
   and every place that runs an unfinished answer says ``not done yet`` in one line. Its demo
   cells are the solution's, so this is also the learner's re-run: afterwards the kernel holds
@@ -17,10 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
+
+from course.kit import claims
 
 REPO = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted(p.parent.name for p in (REPO / "solutions").glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb"))
@@ -222,6 +227,11 @@ def test_the_solution_then_the_student_notebook_run_in_one_kernel_without_growin
     assert not _long_lines(first), "printed lines wrap in the browser:\n" + "\n".join(_long_lines(first))
 
     assert not _errors(second), f"the student notebook, run after the solution: {_errors(second)}"
+    missed = [c for c in claims.found_in(out for _, out in first + second) if not c.held]
+    assert not missed, (
+        f"claims that did not hold on this loaded run (load average {os.getloadavg()}):\n"
+        + "\n".join(c.text() for c in missed)
+    )
     for index, task in _graded_cells(student).items():
         said = "".join(_text(out) for i, out in second if i == index).strip()
         assert said.startswith(f"{task}: not done yet") and "\n" not in said, f"test cell of {task}: {said!r}"
