@@ -9,6 +9,7 @@ chapter's demo) would otherwise end in a long traceback through ``course/`` and 
   run it, then run this cell again)``; every other error keeps its normal traceback.
 - :func:`try_it` wraps a try-it cell so that an unfinished task prints that line and
   Run All goes on to the next cell.
+- :func:`show` puts the source of a pattern from ``course/`` on the page (every chapter uses it).
 - :func:`not_done` finds the stub behind an error: in its cause and context chain, in an
   ``ExceptionGroup``, or in an HTTP 501 answer whose body says ``not done yet`` (what
   :mod:`course.kit.serve` answers when a handler hits a stub).
@@ -103,3 +104,13 @@ def install() -> bool:
     shell.set_custom_exc((Exception,), _handler)
     _installed = True
     return True
+
+
+def show(obj) -> None:
+    """Put a pattern's code on the page, straight from ``course/`` and highlighted: the
+    function or class a chapter teaches, never a copy of it that could drift."""
+    import inspect
+
+    from IPython.display import Code, display
+
+    display(Code(inspect.getsource(obj), language="python"))
