@@ -1,7 +1,8 @@
 """Every chapter in a real Jupyter kernel, the way a learner runs it (nbclient, quick mode).
 
-- The solution notebook runs top to bottom without an error (its hidden test cells grade every
-  task), and its printed lines fit a browser at 1,400 px.
+- The solution notebook runs top to bottom without an error, and its printed lines fit a
+  browser at 1,400 px. Its test cells run their public checks; the hidden ones are left out
+  here because tests/test_contract.py grades every solution through the grader itself.
 - Every claim a chapter checks against its measurement (:mod:`course.kit.claims`) held, in
   both runs, on a machine loaded by the rest of the suite (three workers on two cores).
 - Then, in the same kernel, the unfinished student notebook runs top to bottom: no tracebacks,
@@ -29,6 +30,8 @@ from course.kit import claims
 
 REPO = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted(p.parent.name for p in (REPO / "solutions").glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb"))
+#: A test cell's hidden part: the full checks, which tests/test_contract.py runs through the grader.
+HIDDEN = re.compile(r"^### BEGIN HIDDEN TESTS$.*?^### END HIDDEN TESTS$\n?", re.M | re.S)
 #: Printed lines longer than this wrap mid-word in JupyterLab at 1,400 px.
 WIDTH = 110
 
@@ -214,6 +217,8 @@ def test_the_solution_then_the_student_notebook_run_in_one_kernel_without_growin
 
     solution = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
     solution.metadata["course_path"] = f"{chapter}-solution"
+    for cell in solution.cells:  # the grade itself is test_contract's: here the public checks run
+        cell.source = HIDDEN.sub("", cell.source)
     student = nbformat.read(REPO / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
     student.metadata["course_path"] = f"{chapter}-student"
     client = _client(solution)

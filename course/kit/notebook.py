@@ -108,9 +108,12 @@ def install() -> bool:
 
 def show(obj) -> None:
     """Put a pattern's code on the page, straight from ``course/`` and highlighted: the
-    function or class a chapter teaches, never a copy of it that could drift."""
+    function or class a chapter teaches, never a copy of it that could drift. A method is
+    shown dedented; a string is shown as it is (a snippet the chapter composes)."""
     import inspect
+    import textwrap
 
     from IPython.display import Code, display
 
-    display(Code(inspect.getsource(obj), language="python"))
+    source = obj if isinstance(obj, str) else textwrap.dedent(inspect.getsource(obj))
+    display(Code(source, language="python"))
