@@ -527,6 +527,14 @@ SET_AROUND_THE_BREAKER = RESOLVE.replace(
         await redis.set(key, url or "", ex=int(CACHE_TTL if url else MISS_TTL))""",
 )
 
+# "use RedisError from the setup cell": inside the function `redis` is the client, so
+# `redis.exceptions` raises AttributeError the moment Redis fails and the except clause is evaluated
+CLIENT_EXCEPTIONS = RESOLVE.replace(
+    "    except DOWN:\n        cache_up = False",
+    "    except (CircuitOpenError, redis.exceptions.RedisError):\n        cache_up = False",
+)
+assert CLIENT_EXCEPTIONS != RESOLVE
+
 NO_NEGATIVE_CACHE = RESOLVE.replace("    if cache_up:\n", "    if cache_up and url is not None:\n")
 
 MISS_WITHOUT_TTL = RESOLVE.replace(
@@ -634,6 +642,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "resolve": {
         "caches-miss-on-db-error": (CACHES_MISS_ON_DB_ERROR, "afterwards it returned None"),
         "no-fallback": (NO_FALLBACK, "must not fail the redirect"),
+        "client-exceptions": (CLIENT_EXCEPTIONS, "must not fail the redirect"),
         "no-breaker": (NO_BREAKER, "breaker.call"),
         "set-around-breaker": (SET_AROUND_THE_BREAKER, "hammers"),
         "no-negative-cache": (NO_NEGATIVE_CACHE, "negative caching"),

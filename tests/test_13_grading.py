@@ -489,6 +489,8 @@ def merge_top(local_tops, n):
     everyone.sort(key=lambda e: (e[1], e[0]), reverse=True)
     return everyone[:n]
 """
+# "a plain function, no I/O": written async, as if it fetched the tops itself
+MERGE_ASYNC = MERGE_SORTED.replace("def merge_top", "async def merge_top")
 MERGE_NLARGEST = """
 import heapq, itertools
 
@@ -612,6 +614,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
     },
     "merge_top": {
         "first-of-each-shard": (MERGE_FIRST_OF_EACH, "first entry"),
+        "async-merge": (MERGE_ASYNC, "plain `def`"),
         "points-only": (MERGE_BY_POINTS, "points alone"),
         "ties-by-name-ascending": (MERGE_TIES_BY_NAME, "member order, descending"),
         "empties-the-lists": (MERGE_EMPTIES_THE_LISTS, "changed the lists it was given"),

@@ -139,7 +139,7 @@ RULES: dict[str, list[Rule]] = {
             "use `RedisError` from the setup cell",
             "_check_resolve: Redis refusing connections for 30 redirects; an except that does not catch the "
             "Redis error (as redis.exceptions on the client would not) fails the redirect",
-            "no-fallback",
+            "client-exceptions",
         ),
         Rule(
             "count every Redis command and every PostgreSQL query",

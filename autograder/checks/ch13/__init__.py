@@ -186,6 +186,11 @@ RULES: dict[str, list[Rule]] = {
             "first-of-each-shard",
         ),
         Rule(
+            "(a plain function, no I/O)",
+            "check_merge_top: called directly with no server and no await; an awaitable result is refused",
+            "async-merge",
+        ),
+        Rule(
             "Return the global top `n` in the same shape and order",
             "check_merge_top: 60 seeded random cases compared with ZREVRANGE of one board",
             "first-of-each-shard",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from autograder.harness import Report, task
 from course import leaderboard as lb
 
@@ -69,6 +71,14 @@ async def check_merge_top(r: Report, merge_top) -> None:
     shards = [eu, us, asia]
     want = _reference_merge(shards, 5)
     got = merge_top([list(s) for s in shards], 5)
+    if inspect.isawaitable(got):  # "a plain function, no I/O": the merge needs no server
+        if inspect.iscoroutine(got):
+            got.close()
+        r.fail(
+            "merge_top returned an awaitable: write it as a plain `def` that merges the lists it is "
+            "given, with no I/O (the shards' tops are already fetched)"
+        )
+        return
     r.expect(
         _same(got, want),
         f"3 shards (eu, us, asia), n = 5: {_fmt_entries(got)} (points@time)",
