@@ -106,7 +106,7 @@ async def coordinator_dies(dsn: str, order: dict, other: dict, prefix: str, *, o
 
     Returns what the server showed meanwhile: the prepared transactions and their locks, the
     blocked session (its wait event and the pids blocking it), a plain read of the same row,
-    and how long the other customer waited.
+    whether the other customer was still waiting when the operator acted, and how long it waited.
     """
     gids = (f"{prefix}{order['order_id']}-inventory", f"{prefix}{order['order_id']}-payments")
     inv, pay = await _participants(dsn)
@@ -155,6 +155,7 @@ async def coordinator_dies(dsn: str, order: dict, other: dict, prefix: str, *, o
             seen["read"] = (await cur.fetchone())[0]
             await asyncio.sleep(max(0.0, operator_after - (time.perf_counter() - died)))
             seen["prepared"] = await prepared_now(watch, prefix)
+            seen["still_waiting"] = not blocked.done()  # when the operator acts: blocked all along?
             for gid in gids:  # the operator (or the recovered coordinator) finishes phase 2
                 await watch.execute(f"COMMIT PREPARED '{gid}'")
             await blocked

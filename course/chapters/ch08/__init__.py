@@ -25,6 +25,7 @@ from course.chapters.ch08.overload import (  # noqa: F401 - the notebook reaches
     OutageRun,
     legend_right,
     local_in_front,
+    outage_claims,
     outages,
     plot_outage,
     rate_is_not_concurrency,
@@ -266,15 +267,49 @@ class SharedRun:
         return self.capacity + self.rate * self.seconds
 
     @property
-    def verdict(self) -> str:
-        return f"{self.admitted / self.bound:.1f} x over" if self.admitted > self.bound else "within it"
+    def allowed(self) -> float:
+        """The most any correct limiter could have admitted: ``capacity`` plus the refill until the
+        last admitted reply (a request still in flight at ``seconds`` is decided a little later)."""
+        return self.capacity + self.rate * max(self.seconds, max(self.times, default=0.0))
+
+    @property
+    def expected_over(self) -> bool:
+        """What the chapter says of this kind of run: over the limit (a race, or clocks that disagree)."""
+        return self.kind == "read-then-write" or (self.kind == "client clock" and any(self.skews))
 
     def line(self) -> str:
         clocks = f", clocks off by {self.skews} s" if any(self.skews) else ""
         return (
             f"{self.kind:16} {self.processes} processes{clocks}\n"
-            f"{'':16} admitted {self.admitted:4}, the limit allows {self.bound:.0f}: {self.verdict} "
-            f"(per process {self.per_process})"
+            f"{'':16} admitted {self.admitted:4}, the limit allows {self.bound:.0f} "
+            f"({self.admitted / self.bound:.1f} x; per process {self.per_process})"
+        )
+
+    def claim(self) -> dict:
+        """The keyword arguments of :func:`course.kit.claims.check` for what the chapter says of this run."""
+        clocks = ", clocks 30 s apart" if any(self.skews) else ""
+        how = {
+            "read-then-write": "read, decide in Python, write back",
+            "client clock": "one Lua script fed each process's own clock",
+            "server clock": "one Lua script on Redis's own clock (TIME)",
+        }[self.kind]
+        span = max(self.seconds, max(self.times, default=0.0))
+        measured = (
+            f"{self.admitted} admitted; any correct limiter admits at most {self.allowed:.1f} "
+            f"({self.capacity} + {self.rate:g}/s over {span:.2f} s)"
+        )
+        if self.expected_over:
+            return dict(
+                claim=f"{how}, {self.processes} processes{clocks}: more than the limit allows",
+                measured=measured,
+                held=self.admitted > self.allowed,
+                otherwise="too few requests got through a loaded machine for the processes to overlap",
+            )
+        return dict(
+            claim=f"{how}, {self.processes} processes{clocks}: within the limit",
+            measured=measured,
+            held=self.admitted <= self.allowed,
+            source="Redis docs, Scripting with Lua" if any(self.skews) else "",
         )
 
 
@@ -457,6 +492,34 @@ def limits_skew(storage, limit: str = "5/10 seconds", turns: int = 6, by: float 
                 admitted += sum(limiter.hit(item, who) for _ in range(turns))
         out[strategy.__name__] = admitted
     return out
+
+
+async def limits_boundary(storage, strategies, *, limit: str = "5/second", mid: float = 0.7) -> dict[str, Verdicts]:
+    """One request, four more ``mid`` s later, then five more just after the first one's window has
+    passed (1.05 s after the first call returned): what each ``limits`` strategy admitted, and when
+    (s after the first request). ``limits`` is synchronous: each call blocks for one round trip."""
+    import limits
+
+    item = limits.parse(limit)
+    window = item.get_expiry()
+    runs = {s.__name__: (s(storage), Verdicts(s.__name__, [], [])) for s in strategies}
+    for name, (limiter, _) in runs.items():
+        limiter.clear(item, name)
+    t0 = time.monotonic()
+
+    def hits(n: int) -> None:
+        for name, (limiter, seen) in runs.items():
+            for _ in range(n):
+                seen.times.append(time.monotonic() - t0)
+                seen.allowed.append(limiter.hit(item, name))
+
+    hits(1)
+    first_done = time.monotonic()  # the fixed window's EXPIRE was set before this
+    await asyncio.sleep(max(0.0, t0 + mid - time.monotonic()))
+    hits(4)
+    await asyncio.sleep(max(0.0, first_done + window + 0.05 - time.monotonic()))
+    hits(5)
+    return {name: seen for name, (_, seen) in runs.items()}
 
 
 def limits_cost(storage, control, strategy, limit: int) -> Cost:

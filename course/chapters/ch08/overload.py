@@ -150,6 +150,46 @@ async def outages(
     return list(runs.values())
 
 
+def outage_claims(runs: list[OutageRun], capacity: int) -> list[dict]:
+    """What the chapter says each mode's fallback does while Redis is down, as the keyword arguments of
+    :func:`course.kit.claims.check`. ``capacity`` is the limit's burst, which the local buckets share.
+
+    Only the fallback's decisions count: a request sent at the edges of the outage may still be decided
+    by Redis, and a loaded machine sends fewer requests than the demo asks for (then ``bounded`` has
+    nothing to refuse), but whatever the fallback decided, it decided by its mode."""
+    out = []
+    claims = {
+        "bounded": "bounded: while Redis is down, the local buckets admit at most their burst plus the limit's rate",
+        "open": "open: while Redis is down, the fallback admits every request",
+        "closed": "closed: while Redis is down, the fallback refuses every request: an outage of the API",
+    }
+    for run in runs:
+        down = run.pause[1] - run.pause[0]
+        window = [(s, ok) for t, s, ok in run.decisions if run.pause[0] <= t < run.pause[1]]
+        fell_back = [ok for s, ok in window if s != "redis"]
+        decided, admitted = len(fell_back), sum(fell_back)
+        measured = (
+            f"the fallback decided {decided} of the {len(window)} requests sent in the {down:.1f} s "
+            f"and admitted {admitted}"
+        )
+        held = {
+            "bounded": admitted <= capacity + run.rate * down + 1,
+            "open": admitted == decided,
+            "closed": admitted == 0,
+        }[run.mode]
+        if run.mode == "bounded":
+            measured += f" (at most {capacity} + {run.rate * down:.0f})"
+        out.append(
+            dict(
+                claim=claims[run.mode],
+                measured=measured,
+                held=decided > 0 and held,
+                otherwise="Redis was paused too late, or the replicas sent nothing while it was",
+            )
+        )
+    return out
+
+
 def plot_outage(runs: list[OutageRun], *, seconds: float | None = None):
     """One panel per mode: admitted per 100 ms, by who decided (Redis or the fallback)."""
     from course.kit import plotting

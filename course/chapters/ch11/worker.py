@@ -1,8 +1,8 @@
 """The batching counter process that chapter 11 kills (``python -m course.chapters.ch11.worker CFG``).
 
 It counts views of one item as fast as it can through :class:`course.counters.BatchedCounter`
-(a flush every ``max_views`` views and on a ticker), and after every view writes how many
-it has accepted into a small memory-mapped file, which survives the process's death. SIGTERM
+(a flush every ``max_views`` views and on a ticker), and writes how many views it has accepted
+into a small memory-mapped file, which survives the process's death, as it takes each one in. SIGTERM
 stops the ticker, which flushes; SIGKILL leaves no chance to flush anything.
 """
 
@@ -34,9 +34,11 @@ async def run(cfg: dict) -> None:
     try:
         while not stop.is_set():
             for _ in range(25):
-                await counter.view(cfg["item"])
+                # taken in, then counted: the view that fills the buffer commits inside view(), and a
+                # kill right after that commit must not find the view missing from the accepted count
                 n += 1
                 accepted[0:16] = struct.pack("<qq", n, 1)
+                await counter.view(cfg["item"])
             await asyncio.sleep(0.002)  # a steady stream of views, not a busy loop
             if os.getppid() != parent:  # the notebook's kernel is gone: stop
                 stop.set()
