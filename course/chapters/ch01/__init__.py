@@ -580,32 +580,44 @@ async def hedging_demo(
     *,
     slow_share: float = 0.03,
     fast: float = 0.005,
-    slow: float = 0.5,
+    slow: float = 1.0,
     seed: int = 11,
     concurrency: int = 4,
 ) -> tuple[ReadRun, ReadRun, float]:
-    """Two live replicas (FlakyService), each slow for ``slow_share`` of reads.
+    """Live replicas (FlakyService), each slow (``slow`` s) for ``slow_share`` of reads.
 
-    A warm-up of plain reads gives the p95 that becomes the hedge delay; then ``n`` plain and
-    ``n`` hedged reads run side by side over one client, so both see the same machine at the
-    same moment. Returns (plain, hedged, hedge_after_seconds)."""
-    a = FlakyService(replica_schedule(997, slow_share=slow_share, fast=fast, slow=slow, seed=seed), name="replica-a")
-    b = FlakyService(
-        replica_schedule(991, slow_share=slow_share, fast=fast, slow=slow, seed=seed + 1), name="replica-b"
-    )
-    limits = httpx.Limits(max_connections=4 * concurrency, max_keepalive_connections=4 * concurrency)
-    async with a, b, httpx.AsyncClient(timeout=5.0, limits=limits) as client:
-        urls = [a.url, b.url]
-        # the p95 under the same load as the measurement below: both streams at once
-        warmup = await measure_reads(
-            urls, n=max(120, n // 3), hedge_after=None, client=client, concurrency=2 * concurrency
+    Plain reads go to replica ``p``; hedged reads go to replica ``a`` and hedge to ``b``.
+    ``p`` and ``a`` follow the same schedule, so both streams meet the same slow reads in
+    the same order, however the machine interleaves them. A warm-up of plain reads (half
+    to ``p``, half to ``a``, at once) gives the p95 that becomes the hedge delay; then ``n``
+    plain and ``n`` hedged reads run side by side over one client, so both see the same
+    machine at the same moment. Returns (plain, hedged, hedge_after_seconds)."""
+
+    def schedule(length: int, offset: int) -> Schedule:
+        return replica_schedule(length, slow_share=slow_share, fast=fast, slow=slow, seed=seed + offset)
+
+    p = FlakyService(schedule(997, 0), name="replica-p")
+    a = FlakyService(schedule(997, 0), name="replica-a")
+    b = FlakyService(schedule(991, 1), name="replica-b")
+    limits = httpx.Limits(max_connections=6 * concurrency, max_keepalive_connections=6 * concurrency)
+    async with p, a, b, httpx.AsyncClient(timeout=5.0, limits=limits) as client:
+        # the p95 under the same load as the measurement below: two streams at once
+        warmup = ReadRun("warm-up")
+        half = max(60, n // 6)
+        await asyncio.gather(
+            *(
+                measure_reads([url], n=half, hedge_after=None, client=client, into=warmup, concurrency=concurrency)
+                for url in (p.url, a.url)
+            )
         )
         hedge_after = warmup.p(95) / 1000
         plain = ReadRun("plain")
         hedged_run = ReadRun(f"hedged after {hedge_after * 1000:.0f} ms")
         await asyncio.gather(
-            measure_reads(urls, n=n, hedge_after=None, client=client, into=plain, concurrency=concurrency),
-            measure_reads(urls, n=n, hedge_after=hedge_after, client=client, into=hedged_run, concurrency=concurrency),
+            measure_reads([p.url], n=n, hedge_after=None, client=client, into=plain, concurrency=concurrency),
+            measure_reads(
+                [a.url, b.url], n=n, hedge_after=hedge_after, client=client, into=hedged_run, concurrency=concurrency
+            ),
         )
     return plain, hedged_run, hedge_after
 
