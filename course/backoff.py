@@ -123,7 +123,8 @@ class DecorrelatedJitter(Backoff):
 
 
 STRATEGIES: dict[str, type[Backoff]] = {
-    cls.name: cls for cls in (NoBackoff, Fixed, Linear, Exponential, FullJitter, EqualJitter, DecorrelatedJitter)
+    cls.name: cls
+    for cls in (NoBackoff, Fixed, Linear, Exponential, FullJitter, EqualJitter, DecorrelatedJitter)
 }
 
 

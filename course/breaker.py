@@ -183,7 +183,9 @@ class CircuitBreaker:
         if self.state == HALF_OPEN:
             if self._probing:
                 self.rejected += 1
-                raise CircuitOpenError(self.name, min(self.cooldown, 1.0), reason="half-open, a probe is in flight")
+                raise CircuitOpenError(
+                    self.name, min(self.cooldown, 1.0), reason="half-open, a probe is in flight"
+                )
             self._probing = True
             return True
         return False

@@ -74,7 +74,8 @@ class RetryBudget:
 
     def __repr__(self) -> str:
         return (
-            f"RetryBudget(ratio={self.ratio:g}, tokens={self.tokens:.2f}, allowed={self.allowed}, denied={self.denied})"
+            f"RetryBudget(ratio={self.ratio:g}, tokens={self.tokens:.2f}, "
+            f"allowed={self.allowed}, denied={self.denied})"
         )
 
 
@@ -121,7 +122,9 @@ class Deadline:
         return str(int(self.remaining() * 1000))
 
     @classmethod
-    def from_header(cls, value: str | None, clock: Callable[[], float], *, default: float | None = None) -> Deadline:
+    def from_header(
+        cls, value: str | None, clock: Callable[[], float], *, default: float | None = None
+    ) -> Deadline:
         """The deadline a caller sent, on *this* host's clock. Without the header: ``default``
         seconds from now (or raise ``ValueError`` when there is no default)."""
         if value is None or not value.strip().isdigit():

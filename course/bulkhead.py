@@ -34,7 +34,9 @@ class Bulkhead:
     is cancelled and a waiting call that is cancelled all give their place back.
     """
 
-    def __init__(self, limit: int, max_queue: int = 0, *, max_wait: float | None = None, name: str = "bulkhead"):
+    def __init__(
+        self, limit: int, max_queue: int = 0, *, max_wait: float | None = None, name: str = "bulkhead"
+    ):
         if limit < 1 or max_queue < 0:
             raise ValueError("limit must be at least 1 and max_queue at least 0")
         self.limit, self.max_queue, self.max_wait, self.name = limit, max_queue, max_wait, name

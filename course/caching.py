@@ -158,7 +158,9 @@ class WriteThrough:
     The next read is a hit, but every write now waits for Redis too (and fails with it).
     """
 
-    def __init__(self, redis, write: Callable[[Any, Any], Awaitable[Any]], *, prefix: str, ttl: float = 300.0) -> None:
+    def __init__(
+        self, redis, write: Callable[[Any, Any], Awaitable[Any]], *, prefix: str, ttl: float = 300.0
+    ) -> None:
         self.redis = redis
         self.write = write
         self.prefix = prefix
@@ -182,7 +184,13 @@ class WriteBehind:
     """
 
     def __init__(
-        self, redis, flush: Callable[[dict], Awaitable[None]], *, prefix: str, batch: int = 10, ttl: float = 300.0
+        self,
+        redis,
+        flush: Callable[[dict], Awaitable[None]],
+        *,
+        prefix: str,
+        batch: int = 10,
+        ttl: float = 300.0,
     ) -> None:
         self.redis = redis
         self._flush = flush
@@ -251,7 +259,9 @@ class RedisLock:
         token = secrets.token_hex(16)
         ttl_ms = max(1, int(self.ttl * 1000))
         if self._acquire_fenced is not None:
-            fence = int(await self._acquire_fenced(keys=[self.name, f"{self.name}:fence"], args=[token, ttl_ms]))
+            fence = int(
+                await self._acquire_fenced(keys=[self.name, f"{self.name}:fence"], args=[token, ttl_ms])
+            )
             if fence:
                 self.token, self.fence = token, fence
                 return True
@@ -369,7 +379,9 @@ class ServeStale:
         value = await loader()
         now = self.clock()
         entry = {"v": value, "fresh_until": now + self.fresh, "stale_until": now + self.fresh + self.stale}
-        await self.redis.set(key, to_json(entry), px=jittered_ms(self.fresh + self.stale + self.stale_if_error))
+        await self.redis.set(
+            key, to_json(entry), px=jittered_ms(self.fresh + self.stale + self.stale_if_error)
+        )
         return value
 
     def _refresh_later(self, key: str, loader: Loader) -> None:
@@ -495,7 +507,9 @@ async def versioned_get(redis, key: str) -> Any:
 class LocalLRU:
     """A bounded in-process cache: least recently used entries go first, each entry lives ``ttl`` seconds."""
 
-    def __init__(self, maxsize: int = 1024, ttl: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, maxsize: int = 1024, ttl: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.maxsize = maxsize
         self.ttl = ttl
         self.clock = clock

@@ -46,7 +46,9 @@ async def create_slot(conn, slot: str, publication: str, tables: list[str]) -> s
                 sql.Identifier(publication), sql.SQL(", ").join(sql.Identifier(t) for t in tables)
             )
         )
-    cur = await conn.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    cur = await conn.execute(
+        "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
+    )
     return (await cur.fetchone())[0]
 
 
@@ -144,7 +146,9 @@ class Decoder:
         return None
 
 
-async def read(conn, slot: str, publication: str, *, peek: bool = True, limit: int | None = None) -> list[Transaction]:
+async def read(
+    conn, slot: str, publication: str, *, peek: bool = True, limit: int | None = None
+) -> list[Transaction]:
     """Committed transactions waiting in the slot, in commit order.
 
     ``peek=True`` leaves them there (confirm later with :func:`advance`); ``peek=False``

@@ -141,12 +141,15 @@ async def read_counts(pool, item_ids=None) -> dict[str, int]:
             cur = await conn.execute("SELECT item_id, views FROM view_counts ORDER BY item_id")
         else:
             cur = await conn.execute(
-                "SELECT item_id, views FROM view_counts WHERE item_id = ANY(%s) ORDER BY item_id", (list(item_ids),)
+                "SELECT item_id, views FROM view_counts WHERE item_id = ANY(%s) ORDER BY item_id",
+                (list(item_ids),),
             )
         return dict(await cur.fetchall())
 
 
-async def add_to_shard(pool, item_id: str, shards: int, n: int = 1, *, rand: random.Random | None = None) -> None:
+async def add_to_shard(
+    pool, item_id: str, shards: int, n: int = 1, *, rand: random.Random | None = None
+) -> None:
     """A hot counter split into ``shards`` rows: each write picks one, so writers rarely queue."""
     shard = (rand or random).randrange(shards)
     async with pool.connection() as conn:
@@ -159,5 +162,7 @@ async def add_to_shard(pool, item_id: str, shards: int, n: int = 1, *, rand: ran
 
 async def read_sharded(pool, item_id: str) -> int:
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT coalesce(sum(views), 0) FROM view_count_shards WHERE item_id = %s", (item_id,))
+        cur = await conn.execute(
+            "SELECT coalesce(sum(views), 0) FROM view_count_shards WHERE item_id = %s", (item_id,)
+        )
         return int((await cur.fetchone())[0])

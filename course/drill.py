@@ -192,7 +192,9 @@ def read_chapter(notebook: Path, root: Path = REPO) -> list[Card]:
     nb = json.loads(notebook.read_text(encoding="utf-8"))
     chapter = notebook.stem[:2]
     cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
-    h1 = next((m.group(2) for text in cells for m in _HEADING.finditer(text) if m.group(1) == "#"), notebook.stem)
+    h1 = next(
+        (m.group(2) for text in cells for m in _HEADING.finditer(text) if m.group(1) == "#"), notebook.stem
+    )
     title = re.sub(r"^\d\d\s*[·:.-]\s*", "", h1)
     where = str(notebook.relative_to(root)) if notebook.is_relative_to(root) else str(notebook)
     cards: list[Card] = []
@@ -243,7 +245,9 @@ def read_chapter(notebook: Path, root: Path = REPO) -> list[Card]:
     return cards
 
 
-def load_deck(root: Path = REPO, chapters: Iterable[str] | None = None, *, strict: bool = False) -> list[Card]:
+def load_deck(
+    root: Path = REPO, chapters: Iterable[str] | None = None, *, strict: bool = False
+) -> list[Card]:
     """The whole deck, chapter by chapter (``chapters``: "03" or "03_idempotency" to keep).
 
     A chapter whose drill markup cannot be read raises :class:`DeckError` when ``strict`` (the
@@ -304,7 +308,9 @@ class Session:
             key=lambda c: self.states[c.id].due,
         )
         order = list(PROMPTS)  # new cards take turns across chapters and kinds: #1 of each section first
-        new = sorted((c for c in deck if c.id not in self.states), key=lambda c: (c.number, order.index(c.kind)))
+        new = sorted(
+            (c for c in deck if c.id not in self.states), key=lambda c: (c.number, order.index(c.kind))
+        )
         new = new[:budget]
         self.queue: list[Card] = due + new
         self.counts = {"due": len(due), "new": len(new)}
@@ -398,7 +404,10 @@ def export_apkg(deck: list[Card], path: str | Path, *, timestamp: float | None =
         ]
         root.add_note(
             genanki.Note(
-                model=model, fields=fields, guid=genanki.guid_for(card.id), tags=[f"ch{card.chapter}", card.kind]
+                model=model,
+                fields=fields,
+                guid=genanki.guid_for(card.id),
+                tags=[f"ch{card.chapter}", card.kind],
             )
         )
     path = Path(path)
@@ -418,7 +427,9 @@ def _ask(prompt: str) -> str:
 
 
 def _show_card(card: Card, index: int, total: int, out) -> None:
-    print(f"\n[{index}/{total}] chapter {card.chapter} {card.chapter_title} | {KIND_NAMES[card.kind]}", file=out)
+    print(
+        f"\n[{index}/{total}] chapter {card.chapter} {card.chapter_title} | {KIND_NAMES[card.kind]}", file=out
+    )
     print(PROMPTS[card.kind], file=out)
     print(f"\n  {card.front}\n", file=out)
     if card.context:
@@ -477,7 +488,9 @@ def progress_main(argv: list[str]) -> int:
     from course.progress import summary
 
     parser = argparse.ArgumentParser(prog="course progress", description="your progress across the course")
-    parser.add_argument("--state", help="the state file (default: $COURSE_STATE or ~/.local/share/resilient-course/)")
+    parser.add_argument(
+        "--state", help="the state file (default: $COURSE_STATE or ~/.local/share/resilient-course/)"
+    )
     parser.add_argument("--json", action="store_true", help="print it as JSON")
     args = parser.parse_args(argv)
     store = Store(args.state)
@@ -520,10 +533,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["progress"]:
         return progress_main(argv[1:])
 
-    parser = argparse.ArgumentParser(prog="course drill", description="interview drills with spaced repetition")
-    parser.add_argument("--state", help="the state file (default: $COURSE_STATE or ~/.local/share/resilient-course/)")
+    parser = argparse.ArgumentParser(
+        prog="course drill", description="interview drills with spaced repetition"
+    )
+    parser.add_argument(
+        "--state", help="the state file (default: $COURSE_STATE or ~/.local/share/resilient-course/)"
+    )
     parser.add_argument("--new", type=int, default=20, help="new cards a day (default 20)")
-    parser.add_argument("--chapter", action="append", help="only this chapter (repeatable): 03 or 03_idempotency")
+    parser.add_argument(
+        "--chapter", action="append", help="only this chapter (repeatable): 03 or 03_idempotency"
+    )
     parser.add_argument("--export", metavar="PATH", help="write the deck as an Anki package (.apkg) and stop")
     args = parser.parse_args(argv)
     try:

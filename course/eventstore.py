@@ -112,7 +112,9 @@ def _new_event(item) -> tuple[str, dict]:
 
 
 async def current_version(conn, stream_id: str) -> int:
-    cur = await conn.execute("SELECT coalesce(max(version), 0) FROM es_events WHERE stream_id = %s", (stream_id,))
+    cur = await conn.execute(
+        "SELECT coalesce(max(version), 0) FROM es_events WHERE stream_id = %s", (stream_id,)
+    )
     return (await cur.fetchone())[0]
 
 
@@ -198,7 +200,11 @@ def upcast(event: Event) -> Event:
     for kind, applies, fn in UPCASTERS:
         if kind == event.type and applies(data):
             data = fn(data)
-    return event if data is event.data else Event(event.type, data, event.stream_id, event.version, event.position)
+    return (
+        event
+        if data is event.data
+        else Event(event.type, data, event.stream_id, event.version, event.position)
+    )
 
 
 # ----------------------------------------------------------------------------- fold and snapshots
@@ -212,12 +218,16 @@ def fold(events: Iterable[Event], evolve: Callable[[Any, Event], Any], initial: 
     return state
 
 
-async def load(pool_or_conn, stream_id: str, evolve, initial=None, *, snapshots: bool = True) -> tuple[Any, int]:
+async def load(
+    pool_or_conn, stream_id: str, evolve, initial=None, *, snapshots: bool = True
+) -> tuple[Any, int]:
     """``(state, version)`` of a stream: its snapshot (if any) plus the events after it."""
     state, version = initial, 0
     async with connection(pool_or_conn) as conn:
         if snapshots:
-            cur = await conn.execute("SELECT version, state FROM es_snapshots WHERE stream_id = %s", (stream_id,))
+            cur = await conn.execute(
+                "SELECT version, state FROM es_snapshots WHERE stream_id = %s", (stream_id,)
+            )
             row = await cur.fetchone()
             if row is not None:
                 version, state = row

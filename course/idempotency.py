@@ -214,7 +214,9 @@ async def claim(pool, key: str, req_hash: str, body: dict) -> bool:
 async def stored_response(pool, key: str, req_hash: str) -> dict:
     """What a caller that lost the claim gets: the stored response, 409 or 422."""
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s", (key,))
+        cur = await conn.execute(
+            "SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s", (key,)
+        )
         row = await cur.fetchone()
     if row is None:  # the first request failed and released the key a moment ago
         raise RequestInProgress(key, f"key {key!r} was released by a failed request; retry")

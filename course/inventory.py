@@ -72,7 +72,8 @@ async def stock_item(pool, sku: str, stock: int) -> None:
     async with pool.connection() as conn, conn.transaction():
         await conn.execute("DELETE FROM inventory_reservations WHERE sku = %s", (sku,))
         await conn.execute(
-            "INSERT INTO inventory_items (sku, stock) VALUES (%s, %s) ON CONFLICT (sku) DO UPDATE SET stock = %s",
+            "INSERT INTO inventory_items (sku, stock) VALUES (%s, %s) ON CONFLICT (sku) DO UPDATE "
+            "SET stock = %s",
             (sku, stock, stock),
         )
 
@@ -113,7 +114,8 @@ async def buy(
             claimed = await cur.fetchone()
             if claimed is not None:
                 cur = await conn.execute(
-                    "UPDATE inventory_items SET stock = stock - 1 WHERE sku = %s AND stock > 0 RETURNING stock",
+                    "UPDATE inventory_items SET stock = stock - 1 WHERE sku = %s AND stock > 0 "
+                    "RETURNING stock",
                     (sku,),
                 )
                 if await cur.fetchone() is None:
@@ -122,7 +124,9 @@ async def buy(
         return {"status": "sold_out"}
     if claimed is None:  # a repeat: the first call's reservation answers
         async with pool.connection() as conn:
-            cur = await conn.execute("SELECT id, status, payment_id FROM inventory_reservations WHERE key = %s", (key,))
+            cur = await conn.execute(
+                "SELECT id, status, payment_id FROM inventory_reservations WHERE key = %s", (key,)
+            )
             return _outcome(await cur.fetchone())
     (rid,) = claimed
     try:
@@ -132,8 +136,8 @@ async def buy(
         return {"status": "payment_failed", "reservation_id": rid, "payment_id": None}
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "UPDATE inventory_reservations SET status = 'paid', payment_id = %s "
-            "WHERE id = %s AND status = 'held' RETURNING id, status, payment_id",
+            "UPDATE inventory_reservations SET status = 'paid', payment_id = %s WHERE id = %s "
+            "AND status = 'held' RETURNING id, status, payment_id",
             (payment_id, rid),
         )
         row = await cur.fetchone()
@@ -146,7 +150,8 @@ async def release(pool, reservation_id: int) -> bool:
     """Return a held reservation's unit to stock, once: True if this call released it."""
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
-            "UPDATE inventory_reservations SET status = 'released' WHERE id = %s AND status = 'held' RETURNING sku",
+            "UPDATE inventory_reservations SET status = 'released' WHERE id = %s AND status = 'held' "
+            "RETURNING sku",
             (reservation_id,),
         )
         row = await cur.fetchone()
@@ -253,7 +258,8 @@ async def take_from_buckets(pool, sku: str, buckets: int, rand: random.Random | 
     start = (rand or random).randrange(buckets)
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "UPDATE inventory_buckets SET stock = stock - 1 WHERE sku = %s AND bucket = %s AND stock > 0 RETURNING 1",
+            "UPDATE inventory_buckets SET stock = stock - 1 WHERE sku = %s AND bucket = %s AND stock > 0 "
+            "RETURNING 1",
             (sku, start),
         )
         if await cur.fetchone() is not None:
@@ -270,7 +276,9 @@ async def take_from_buckets(pool, sku: str, buckets: int, rand: random.Random | 
         )
         if await cur.fetchone() is not None:
             return True
-        cur = await conn.execute("SELECT coalesce(sum(stock), 0) FROM inventory_buckets WHERE sku = %s", (sku,))
+        cur = await conn.execute(
+            "SELECT coalesce(sum(stock), 0) FROM inventory_buckets WHERE sku = %s", (sku,)
+        )
         (left,) = await cur.fetchone()
     if left:  # every non-empty bucket was locked a moment ago: wait for one this time
         return await _take_any_waiting(pool, sku)

@@ -124,7 +124,9 @@ async def record(pool, r, event: dict, *, key: str = BOARD, stream: str | None =
         if applied:
             cur = await conn.execute(ADD_POINTS, (player, points, at))
         else:  # a redelivery: re-assert the stored total (repairs a board that lost it)
-            cur = await conn.execute("SELECT points, reached_at FROM leaderboard_scores WHERE player = %s", (player,))
+            cur = await conn.execute(
+                "SELECT points, reached_at FROM leaderboard_scores WHERE player = %s", (player,)
+            )
         row = await cur.fetchone()
     if row is not None:
         pipe = r.pipeline(transaction=False)
@@ -197,7 +199,9 @@ async def rank(r, player: str, *, key: str = BOARD) -> int | None:
     return None if found is None else found + 1
 
 
-async def top_and_rank(r, n: int, player: str, *, key: str = BOARD) -> tuple[list[tuple[str, int]], int | None]:
+async def top_and_rank(
+    r, n: int, player: str, *, key: str = BOARD
+) -> tuple[list[tuple[str, int]], int | None]:
     """Top ``n`` and ``player``'s rank in one round trip (``MULTI``): both describe the same moment."""
     pipe = r.pipeline(transaction=True)
     if n > 0:  # ZREVRANGE key 0 -1 would read the whole board
@@ -212,7 +216,8 @@ async def top_from_postgres(pool, n: int) -> list[tuple[str, int]]:
     """The degraded read path: the same top ``n`` from ``leaderboard_scores`` (an index scan)."""
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT player, points FROM leaderboard_scores ORDER BY points DESC, reached_at ASC, player DESC LIMIT %s",
+            "SELECT player, points FROM leaderboard_scores ORDER BY points DESC, reached_at ASC, player DESC "
+            "LIMIT %s",
             (n,),
         )
         return [(player, points) for player, points in await cur.fetchall()]
@@ -233,7 +238,8 @@ async def rebuild(pool, r, *, key: str = BOARD, page: int = 5000) -> int:
     while True:
         async with pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT player, points, reached_at FROM leaderboard_scores WHERE player > %s ORDER BY player LIMIT %s",
+                "SELECT player, points, reached_at FROM leaderboard_scores WHERE player > %s ORDER BY player "
+                "LIMIT %s",
                 (last, page),
             )
             rows = await cur.fetchall()
@@ -269,7 +275,9 @@ async def global_rank(r, keys: Sequence[str], score: float) -> int:
 async def score_histogram(pool, width: int) -> dict[int, int]:
     """Players per band of ``width`` points (``{band: count}``), from PostgreSQL."""
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT points / %s AS band, count(*) FROM leaderboard_scores GROUP BY band", (width,))
+        cur = await conn.execute(
+            "SELECT points / %s AS band, count(*) FROM leaderboard_scores GROUP BY band", (width,)
+        )
         return {band: count for band, count in await cur.fetchall()}
 
 

@@ -123,7 +123,8 @@ async def open_account(pool, account_id: int, name: str, *, allow_negative: bool
     """Create an account at zero (system accounts such as a bank's may go negative)."""
     async with pool.connection() as conn:
         await conn.execute(
-            "INSERT INTO ledger_accounts (id, name, allow_negative) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO ledger_accounts (id, name, allow_negative) VALUES (%s, %s, %s) "
+            "ON CONFLICT (id) DO NOTHING",
             (account_id, name, allow_negative),
         )
 
@@ -141,7 +142,8 @@ async def transfer_once(pool, from_id: int, to_id: int, amount: int, key: str) -
     req_hash = request_hash({"from": from_id, "to": to_id, "amount": amount})
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
-            "INSERT INTO ledger_transfers (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING id",
+            "INSERT INTO ledger_transfers (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING "
+            "RETURNING id",
             (key, req_hash),
         )
         row = await cur.fetchone()
@@ -150,14 +152,16 @@ async def transfer_once(pool, from_id: int, to_id: int, amount: int, key: str) -
         (tid,) = row
         # lock both accounts in id order: opposite transfers queue, they never wait in a cycle
         cur = await conn.execute(
-            "SELECT id, balance, allow_negative FROM ledger_accounts WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE",
+            "SELECT id, balance, allow_negative FROM ledger_accounts WHERE id = ANY(%s) ORDER BY id "
+            "FOR NO KEY UPDATE",
             ([from_id, to_id],),
         )
         found = {r[0] for r in await cur.fetchall()}
         if found != {from_id, to_id}:
             raise LookupError(f"no account {sorted({from_id, to_id} - found)}")
         cur = await conn.execute(
-            "UPDATE ledger_accounts SET balance = balance - %s WHERE id = %s AND (allow_negative OR balance >= %s)",
+            "UPDATE ledger_accounts SET balance = balance - %s WHERE id = %s "
+            "AND (allow_negative OR balance >= %s)",
             (amount, from_id, amount),
         )
         if cur.rowcount == 0:
@@ -201,14 +205,14 @@ async def reconcile(pool) -> dict:
     """
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT t.id, coalesce(sum(p.amount), 0) FROM ledger_transfers t "
-            "LEFT JOIN ledger_postings p ON p.transfer_id = t.id GROUP BY t.id "
+            "SELECT t.id, coalesce(sum(p.amount), 0) "
+            "FROM ledger_transfers t LEFT JOIN ledger_postings p ON p.transfer_id = t.id GROUP BY t.id "
             "HAVING coalesce(sum(p.amount), 0) <> 0 ORDER BY t.id"
         )
         unbalanced = [(tid, int(total)) for tid, total in await cur.fetchall()]
         cur = await conn.execute(
-            "SELECT a.id, a.balance, coalesce(sum(p.amount), 0) FROM ledger_accounts a "
-            "LEFT JOIN ledger_postings p ON p.account_id = a.id GROUP BY a.id "
+            "SELECT a.id, a.balance, coalesce(sum(p.amount), 0) "
+            "FROM ledger_accounts a LEFT JOIN ledger_postings p ON p.account_id = a.id GROUP BY a.id "
             "HAVING a.balance <> coalesce(sum(p.amount), 0) ORDER BY a.id"
         )
         drifted = [(aid, int(cached), int(posted)) for aid, cached, posted in await cur.fetchall()]

@@ -82,7 +82,9 @@ def make_app(
         except ValueError:
             body = None
         if not _valid(body):
-            return JSONResponse({"error": "body must be {customer: str, amount_cents: int > 0}"}, status_code=400)
+            return JSONResponse(
+                {"error": "body must be {customer: str, amount_cents: int > 0}"}, status_code=400
+            )
         body = {"customer": body["customer"], "amount_cents": body["amount_cents"]}
         pay = charge if charge is not None else charge_for_key(key)
         try:
@@ -90,7 +92,9 @@ def make_app(
         except NotImplementedError:
             raise  # the graded task's stub: the course's handler answers 501 "not done yet"
         except RequestInProgress:
-            return JSONResponse({"error": "request_in_progress"}, status_code=409, headers={"Retry-After": "1"})
+            return JSONResponse(
+                {"error": "request_in_progress"}, status_code=409, headers={"Retry-After": "1"}
+            )
         except IdempotencyKeyReused:
             return JSONResponse({"error": "idempotency_key_reused"}, status_code=422)
         except ChargeDeclined as err:
@@ -125,7 +129,9 @@ def make_app(
 
 def client(app, *, timeout: float = 5.0) -> httpx.AsyncClient:
     """An httpx client that calls ``app`` in-process (no server, no port; no lifespan: pass ``pool=``)."""
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://orders.local", timeout=timeout)
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://orders.local", timeout=timeout
+    )
 
 
 async def post_order(http: httpx.AsyncClient, key: str | None, body: dict) -> httpx.Response:

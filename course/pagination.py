@@ -101,7 +101,9 @@ class CursorCodec:
             raise InvalidCursor("cursor signature does not match: altered, or made with another secret")
         data = json.loads(payload)
         if data.get("v") not in self.accepts:
-            raise InvalidCursor(f"cursor version {data.get('v')} is no longer accepted (accepts {self.accepts})")
+            raise InvalidCursor(
+                f"cursor version {data.get('v')} is no longer accepted (accepts {self.accepts})"
+            )
         if data.get("b") != _fingerprint(binding):
             raise InvalidCursor("cursor was made for another filter or sort order: start again from page 1")
         return [_from_json(v) for v in data["k"]]

@@ -113,7 +113,11 @@ class PaymentProvider(LocalHTTPServer):
                     self._by_key[key] = (params, 402, body)  # the error is the result: replayed, not retried
                 return 402, body, {}, False
             charge = ProviderCharge(
-                f"ch_{len(self.charges) + 1:05d}", params["customer"], params["amount_cents"], key, time.monotonic()
+                f"ch_{len(self.charges) + 1:05d}",
+                params["customer"],
+                params["amount_cents"],
+                key,
+                time.monotonic(),
             )
             self.charges.append(charge)
             body = {

@@ -160,7 +160,10 @@ class Store:
         cur = self._db().cursor()
         cur.row_factory = sqlite3.Row
         rows = cur.execute("SELECT * FROM reviews ORDER BY reviewed_at, id").fetchall()
-        return [{**dict(r), "reviewed_at": _parse(r["reviewed_at"]), "due_after": _parse(r["due_after"])} for r in rows]
+        return [
+            {**dict(r), "reviewed_at": _parse(r["reviewed_at"]), "due_after": _parse(r["due_after"])}
+            for r in rows
+        ]
 
     def new_cards_seen(self, since: datetime) -> set[str]:
         """The cards first reviewed at or after ``since`` (the daily limit counts these)."""
@@ -169,7 +172,9 @@ class Store:
 
     # -- grading results (written by course check and selfcheck) --------------------------
 
-    def record_check(self, chapter: str, score: float, max_score: float, *, via: str, at: datetime | None = None):
+    def record_check(
+        self, chapter: str, score: float, max_score: float, *, via: str, at: datetime | None = None
+    ):
         with self._db() as db:
             db.execute(
                 "INSERT INTO checks (chapter, score, max_score, via, at) VALUES (?, ?, ?, ?, ?)",
@@ -214,7 +219,10 @@ def summary(store: Store, deck: Iterable, *, now: datetime | None = None) -> lis
     """Per chapter of ``deck`` (cards with ``.id``, ``.chapter``, ``.chapter_title``): cards,
     seen, due now, mastered, and the last graded result."""
     now = now or utcnow()
-    stored = {r[0]: (_parse(r[1]), r[2]) for r in store._db().execute("SELECT card_id, due, interval_days FROM cards")}
+    stored = {
+        r[0]: (_parse(r[1]), r[2])
+        for r in store._db().execute("SELECT card_id, due, interval_days FROM cards")
+    }
     checks = store.last_checks()
     rows: dict[str, ChapterProgress] = {}
     for card in deck:

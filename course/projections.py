@@ -106,14 +106,17 @@ class Projector:
         row = await (await conn.execute(select, (self.name,))).fetchone()
         if row is None:
             await conn.execute(
-                "INSERT INTO projection_checkpoints (name) VALUES (%s) ON CONFLICT (name) DO NOTHING", (self.name,)
+                "INSERT INTO projection_checkpoints (name) VALUES (%s) ON CONFLICT (name) DO NOTHING",
+                (self.name,),
             )
             row = await (await conn.execute(select, (self.name,))).fetchone()
         return row[0]
 
     async def checkpoint(self, pool) -> int:
         async with pool.connection() as conn:
-            cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = %s", (self.name,))
+            cur = await conn.execute(
+                "SELECT position FROM projection_checkpoints WHERE name = %s", (self.name,)
+            )
             row = await cur.fetchone()
         return row[0] if row else 0
 
@@ -149,7 +152,12 @@ class Projector:
         return await self.catch_up(pool, batch)
 
     async def run(
-        self, pool, stop: asyncio.Event, interval: float = 0.05, sleep=asyncio.sleep, errors: LoopErrors | None = None
+        self,
+        pool,
+        stop: asyncio.Event,
+        interval: float = 0.05,
+        sleep=asyncio.sleep,
+        errors: LoopErrors | None = None,
     ) -> None:
         """Poll and apply until ``stop`` is set (a projector process in a few lines).
 

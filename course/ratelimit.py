@@ -367,7 +367,9 @@ async def token_bucket(redis, key: str, capacity: int, rate: float, cost: int = 
 async def sliding_window(redis, key: str, limit: int, window: float, now: float | None = None):
     """Reference answer to ``sliding_window``: a sliding log, ``(admitted, seconds to wait)``."""
     script = redis.register_script(SLIDING_LOG_LUA)
-    allowed, wait_ms, _, _ = await script(keys=[key], args=[_now_arg(now), limit, window, 1, secrets.token_hex(8)])
+    allowed, wait_ms, _, _ = await script(
+        keys=[key], args=[_now_arg(now), limit, window, 1, secrets.token_hex(8)]
+    )
     return bool(allowed), wait_ms / 1000
 
 
@@ -378,7 +380,12 @@ class LocalTokenBucket:
     """An in-process token bucket per client (the fallback's limit: its share of the global one)."""
 
     def __init__(
-        self, capacity: float, rate: float, *, clock: Callable[[], float] = time.monotonic, max_clients: int = 10_000
+        self,
+        capacity: float,
+        rate: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_clients: int = 10_000,
     ) -> None:
         self.capacity = float(capacity)
         self.rate = float(rate)
@@ -401,7 +408,12 @@ class LocalTokenBucket:
             self._buckets.pop(next(iter(self._buckets)))
         wait = 0.0 if allowed else (cost - tokens) / self.rate
         return Decision(
-            allowed, wait, int(tokens), (self.capacity - tokens) / self.rate, int(self.capacity), source="local"
+            allowed,
+            wait,
+            int(tokens),
+            (self.capacity - tokens) / self.rate,
+            int(self.capacity),
+            source="local",
         )
 
 
@@ -445,7 +457,9 @@ class FallbackLimiter:
 
     async def hit(self, client: str, cost: int = 1) -> Decision:
         try:
-            decision = await self.breaker.call(lambda: asyncio.wait_for(self.shared.hit(client, cost), self.timeout))
+            decision = await self.breaker.call(
+                lambda: asyncio.wait_for(self.shared.hit(client, cost), self.timeout)
+            )
         except Exception as err:
             if not (_redis_trouble(err) or isinstance(err, CircuitOpenError)):
                 raise
@@ -486,7 +500,9 @@ class LocalThenShared:
 # ----------------------------------------------------------------------------- the HTTP edge
 
 
-def rate_limit_headers(decision: Decision, policy: tuple[int, float], name: str = "default") -> list[tuple[str, str]]:
+def rate_limit_headers(
+    decision: Decision, policy: tuple[int, float], name: str = "default"
+) -> list[tuple[str, str]]:
     """``RateLimit-Policy`` and ``RateLimit`` as draft-ietf-httpapi-ratelimit-headers-10 spells
     them (``q`` quota, ``w`` window, ``r`` remaining, ``t`` seconds until reset), plus
     ``Retry-After`` (whole seconds, rounded up, at least 1) when the request was refused."""
@@ -515,7 +531,9 @@ class ClientKey:
     - Names are hashed before they become Redis keys: no raw header reaches a key name.
     """
 
-    def __init__(self, *, trusted_proxies=(), authenticate: Callable[[str], str | None] | None = None) -> None:
+    def __init__(
+        self, *, trusted_proxies=(), authenticate: Callable[[str], str | None] | None = None
+    ) -> None:
         self.trusted = [ipaddress.ip_network(p, strict=False) for p in trusted_proxies]
         self.authenticate = authenticate
 
@@ -593,10 +611,16 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         decision = await self.limiter.hit(self.key(scope))
-        extra = [(k.lower().encode(), v.encode()) for k, v in rate_limit_headers(decision, self.policy, self.name)]
+        extra = [
+            (k.lower().encode(), v.encode()) for k, v in rate_limit_headers(decision, self.policy, self.name)
+        ]
         if not decision.allowed:
             body = json.dumps({"error": "rate_limited", "retry_after": decision.retry_after}).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *extra,
+            ]
             await send({"type": "http.response.start", "status": 429, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return

@@ -106,7 +106,9 @@ class RetryRow:
 def _status(code: int) -> Callable[[], BaseException]:
     def make() -> BaseException:
         request = httpx.Request("POST", "http://payments.local/charge")
-        return httpx.HTTPStatusError(f"{code}", request=request, response=httpx.Response(code, request=request))
+        return httpx.HTTPStatusError(
+            f"{code}", request=request, response=httpx.Response(code, request=request)
+        )
 
     return make
 
@@ -120,7 +122,11 @@ RETRY_TABLE = (
         "no: it never reached the server",
         "yes",
         "yes",
-        (lambda: httpx.ConnectError("refused"), lambda: httpx.ConnectTimeout("connect"), ConnectionRefusedError),
+        (
+            lambda: httpx.ConnectError("refused"),
+            lambda: httpx.ConnectTimeout("connect"),
+            ConnectionRefusedError,
+        ),
     ),
     RetryRow(
         "408 Request Timeout, 429 Too Many Requests",
@@ -274,7 +280,9 @@ def retry_after(source: object, *, now: float | None = None, cap: float | None =
     return seconds
 
 
-def jitter_retry_after(seconds: float, spread: float = 0.2, rand: Callable[[], float] = random.random) -> float:
+def jitter_retry_after(
+    seconds: float, spread: float = 0.2, rand: Callable[[], float] = random.random
+) -> float:
     """How long a client waits out a ``Retry-After`` of ``seconds``: that long, plus a random
     share of it up to ``spread``. Every caller turned away in one burst got the same value;
     without the spread they would all come back in the same instant."""
@@ -392,7 +400,9 @@ async def retry_call(
             if asked is not None:  # the server knows when it can take us again: not before that
                 delay = max(delay, jitter_retry_after(asked, policy.retry_after_spread, rand))
             if policy.max_elapsed is not None and now + delay - started > policy.max_elapsed:
-                at = f"next try at {now + delay - started:.2f} s would pass the {policy.max_elapsed:g} s limit"
+                at = (
+                    f"next try at {now + delay - started:.2f} s would pass the {policy.max_elapsed:g} s limit"
+                )
                 state.gave_up = at if asked is None else f"Retry-After asks for {asked:g} s; {at}"
                 raise
             previous = delay

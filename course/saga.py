@@ -89,7 +89,12 @@ class SagaBusy(Exception):
 
 #: Errors a step's action is retried on (a bounded number of times): the network, a timeout,
 #: a lost database connection.
-TRANSIENT: tuple[type[BaseException], ...] = (OSError, TimeoutError, ConnectionError, psycopg.OperationalError)
+TRANSIENT: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    ConnectionError,
+    psycopg.OperationalError,
+)
 
 #: Errors that are bugs, not weather: a compensation that raises one is not retried forever
 #: (that only hides the bug); the saga stops where it is, logged and unfinished, and recover()
@@ -158,7 +163,9 @@ async def log(pool, saga_id: str, step: str, event: str, data: dict | None = Non
 async def history(pool, saga_id: str) -> list[tuple[str, str, dict | None]]:
     """The saga's log rows in order: ``[(step, event, data), ...]``."""
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,))
+        cur = await conn.execute(
+            "SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,)
+        )
         return [tuple(row) for row in await cur.fetchall()]
 
 
@@ -314,7 +321,9 @@ class Orchestrator:
                 await step.compensation(pool, data)
                 return
             except BUGS as err:
-                self.retries.append((step.name, f"{type(err).__name__}: {err}".splitlines()[0] + " (a bug: not retried)"))
+                self.retries.append(
+                    (step.name, f"{type(err).__name__}: {err}".splitlines()[0] + " (a bug: not retried)")
+                )
                 raise
             except Exception as err:  # noqa: BLE001 - anything else is retried until it succeeds
                 self.retries.append((step.name, f"{type(err).__name__}: {err}".splitlines()[0]))

@@ -72,7 +72,9 @@ CONFIG = "english"
 TSV = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
 
 # One statement decides: insert a new document, replace an older version, ignore the rest.
-_TSV_SHOWN = TSV.replace(" || ", "\n                  || ")  # the same SQL, on lines a notebook shows unwrapped
+_TSV_SHOWN = TSV.replace(
+    " || ", "\n                  || "
+)  # the same SQL, on lines a notebook shows unwrapped
 UPSERT = f"""
 INSERT INTO search_documents AS d (doc_id, version, title, body, deleted, tsv, indexed_at)
 VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s,
@@ -223,7 +225,8 @@ async def redrive(pool, ids: list[int]) -> int:
     """Put dead-lettered rows back in line (after the fix is deployed); how many."""
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "UPDATE search_outbox SET dead_at = NULL, attempts = 0 WHERE id = ANY(%s) AND dead_at IS NOT NULL", (ids,)
+            "UPDATE search_outbox SET dead_at = NULL, attempts = 0 WHERE id = ANY(%s) AND dead_at IS NOT NULL",
+            (ids,),
         )
         return cur.rowcount
 

@@ -52,7 +52,9 @@ class HashRing:
     name, for the same reason.
     """
 
-    def __init__(self, nodes: Iterable[str] = (), vnodes: int = 160, hash: Callable[[str], int] = stable_hash):  # noqa: A002
+    def __init__(
+        self, nodes: Iterable[str] = (), vnodes: int = 160, hash: Callable[[str], int] = stable_hash
+    ):  # noqa: A002
         self.vnodes = vnodes
         self._hash = hash
         self._points: list[tuple[int, str]] = []

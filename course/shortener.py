@@ -238,11 +238,14 @@ async def create_link(
             )
             if await cur.fetchone() is None:
                 cur = await conn.execute(
-                    "SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s", (idempotency_key,)
+                    "SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s",
+                    (idempotency_key,),
                 )
                 stored_hash, status, response = await cur.fetchone()
                 if stored_hash != req_hash:
-                    raise IdempotencyKeyReused(idempotency_key, f"key {idempotency_key!r} was used for another link")
+                    raise IdempotencyKeyReused(
+                        idempotency_key, f"key {idempotency_key!r} was used for another link"
+                    )
                 if status != "done":  # a pending claim left by another design (chapter 03's)
                     raise RequestInProgress(idempotency_key)
                 return response
@@ -252,7 +255,8 @@ async def create_link(
             await conn.execute("INSERT INTO links (id, code, url) VALUES (%s, %s, %s)", (link_id, code, url))
         else:
             cur = await conn.execute(
-                "INSERT INTO links (code, url, custom) VALUES (%s, %s, true) ON CONFLICT (code) DO NOTHING RETURNING id",
+                "INSERT INTO links (code, url, custom) VALUES (%s, %s, true) ON CONFLICT (code) DO NOTHING "
+                "RETURNING id",
                 (alias, url),
             )
             if await cur.fetchone() is None:
@@ -299,13 +303,21 @@ def redis_failure(err: BaseException) -> bool:
     """
     return isinstance(
         err,
-        (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, TimeoutError, asyncio.TimeoutError),
+        (
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+            OSError,
+            TimeoutError,
+            asyncio.TimeoutError,
+        ),
     )
 
 
 def cache_breaker(*, cooldown: float = 2.0, clock: Callable[[], float] = time.monotonic) -> CircuitBreaker:
     """A breaker for the redirect path's Redis: opens at half of the last 20 calls failing."""
-    return CircuitBreaker(0.5, 20, cooldown, min_calls=10, clock=clock, is_failure=redis_failure, name="redis")
+    return CircuitBreaker(
+        0.5, 20, cooldown, min_calls=10, clock=clock, is_failure=redis_failure, name="redis"
+    )
 
 
 CACHE_DOWN = (CircuitOpenError, redis.exceptions.RedisError, OSError, TimeoutError, asyncio.TimeoutError)
@@ -422,7 +434,9 @@ class ClickRecorder:
     async def _xadd(self, events: list[tuple[str, int, int]]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for code, ms, weight in events:
-                pipe.xadd(self.stream, {"c": code, "t": ms, "w": weight}, maxlen=self.maxlen, approximate=True)
+                pipe.xadd(
+                    self.stream, {"c": code, "t": ms, "w": weight}, maxlen=self.maxlen, approximate=True
+                )
             await pipe.execute()
 
     async def flush(self) -> int:
@@ -474,7 +488,9 @@ class ClickAggregator:
     and the ``XACK`` redelivers entries that :meth:`poll` then recognises as counted.
     """
 
-    def __init__(self, redis, pool, stream: str, *, group: str = "aggregator", consumer: str = "aggregator-1") -> None:
+    def __init__(
+        self, redis, pool, stream: str, *, group: str = "aggregator", consumer: str = "aggregator-1"
+    ) -> None:
         self.redis = redis
         self.pool = pool
         self.stream = stream
@@ -541,14 +557,15 @@ class ClickAggregator:
             codes, minutes, clicks = zip(*((c, m, n) for (c, m), n in self.counts.items()), strict=True)
             async with self.pool.connection() as conn, conn.transaction():
                 await conn.execute(
-                    "INSERT INTO link_clicks (code, minute, clicks) "
-                    "SELECT c, to_timestamp(m), n FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS u(c, m, n) "
-                    "ON CONFLICT (code, minute) DO UPDATE SET clicks = link_clicks.clicks + EXCLUDED.clicks",
+                    "INSERT INTO link_clicks (code, minute, clicks) SELECT c, to_timestamp(m), n "
+                    "FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS "
+                    "u(c, m, n) ON CONFLICT (code, minute) DO UPDATE "
+                    "SET clicks = link_clicks.clicks + EXCLUDED.clicks",
                     (list(codes), list(minutes), list(clicks)),
                 )
                 await conn.execute(
-                    "INSERT INTO click_offsets (stream, last_id) VALUES (%s, %s) "
-                    "ON CONFLICT (stream) DO UPDATE SET last_id = EXCLUDED.last_id",
+                    "INSERT INTO click_offsets (stream, last_id) VALUES (%s, %s) ON CONFLICT (stream) "
+                    "DO UPDATE SET last_id = EXCLUDED.last_id",
                     (self.stream, self.last_id),
                 )
             self.committed = _stream_id(self.last_id)
@@ -595,10 +612,14 @@ class ClickAggregator:
 async def link_stats(pool, code: str) -> dict | None:
     """Clicks of one link from PostgreSQL: the total and one row per minute."""
     async with pool.connection() as conn:
-        link = await (await conn.execute("SELECT url, created_at FROM links WHERE code = %s", (code,))).fetchone()
+        link = await (
+            await conn.execute("SELECT url, created_at FROM links WHERE code = %s", (code,))
+        ).fetchone()
         if link is None:
             return None
-        cur = await conn.execute("SELECT minute, clicks FROM link_clicks WHERE code = %s ORDER BY minute", (code,))
+        cur = await conn.execute(
+            "SELECT minute, clicks FROM link_clicks WHERE code = %s ORDER BY minute", (code,)
+        )
         rows = await cur.fetchall()
     return {
         "code": code,

@@ -117,3 +117,23 @@ def test_notebooks_match_what_nbgrader_generates_from_solutions():
         if fresh != committed:
             drifted.append(chapter)
     assert not drifted, f"notebooks/ drifted from solutions/ for {drifted}: run `make release` and commit"
+
+
+def test_the_code_a_chapter_shows_fits_the_page():
+    """``show(x)`` puts course/ code on the page: no line past what JupyterLab shows at 1,400 px."""
+    import inspect
+    import textwrap
+
+    too_long = []
+    for path in sorted((REPO / "solutions").glob("[0-9][0-9]_*/[0-9][0-9]_*.ipynb")):
+        code = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        names: dict = {}
+        for line in (line for src in code for line in src.splitlines()):
+            if re.match(r"(import|from) (course|[a-z])", line) and "autograder" not in line:
+                exec(line, names)  # the notebook's own imports: what its show(...) calls name
+        for expr in (e for src in code for e in re.findall(r"^show\(([\w.]+)\)", src, re.M)):
+            source = textwrap.dedent(inspect.getsource(eval(expr, names)))
+            too_long += [
+                f"{path.stem}: show({expr}): {line.strip()[:60]}..." for line in source.splitlines() if len(line) > 110
+            ]
+    assert not too_long, "\n".join(too_long)

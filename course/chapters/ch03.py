@@ -189,7 +189,9 @@ async def create_order_check_then_insert(
             try:
                 if lookup_timeout_ms is not None:
                     await conn.execute(f"SET statement_timeout = {int(lookup_timeout_ms)}")
-                cur = await conn.execute("SELECT response FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+                cur = await conn.execute(
+                    "SELECT response FROM idempotency_keys WHERE key = %s", (idempotency_key,)
+                )
                 row = await cur.fetchone()
             except psycopg.Error:
                 row = None  # BUG: "could not look" is not "not there"
@@ -215,7 +217,9 @@ async def create_order_check_then_insert(
     return response
 
 
-async def create_order_claimed(pool, idempotency_key: str, body: dict, charge, *, timeline: Timeline | None = None):
+async def create_order_claimed(
+    pool, idempotency_key: str, body: dict, charge, *, timeline: Timeline | None = None
+):
     """The reference :func:`create_order`, instrumented for the same timeline plot."""
     tl = timeline or _NO_TIMELINE
     req_hash = request_hash(body)
@@ -271,7 +275,9 @@ def plot_timeline(timeline: Timeline, title: str, ax=None):
     """A Gantt chart of the spans: one lane per request, one colour per step."""
     if ax is None:
         _, ax = figure(8, 3.6)
-    lanes = sorted({lane for lane, *_ in timeline.spans}, key=lambda s: int(s.split()[-1]) if s[-1].isdigit() else 0)
+    lanes = sorted(
+        {lane for lane, *_ in timeline.spans}, key=lambda s: int(s.split()[-1]) if s[-1].isdigit() else 0
+    )
     colours = {
         "SELECT key": "#2e86c1",
         "INSERT claim": "#2e86c1",
@@ -285,7 +291,14 @@ def plot_timeline(timeline: Timeline, title: str, ax=None):
         y = lanes.index(lane)
         label = step if step not in seen else None
         seen.add(step)
-        ax.barh(y, (end - start) * 1000, left=start * 1000, color=colours.get(step, "grey"), label=label, height=0.6)
+        ax.barh(
+            y,
+            (end - start) * 1000,
+            left=start * 1000,
+            color=colours.get(step, "grey"),
+            label=label,
+            height=0.6,
+        )
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("ms since the first request")
@@ -336,7 +349,8 @@ async def create_order_one_transaction(pool, idempotency_key: str, body: dict, c
         )
         if await cur.fetchone() is None:  # the first caller committed: read what it left
             cur = await conn.execute(
-                "SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s", (idempotency_key,)
+                "SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s",
+                (idempotency_key,),
             )
             stored_hash, status, response = await cur.fetchone()
             if stored_hash != req_hash:
@@ -377,7 +391,9 @@ def make_locked_create_order():
     async def create_order(pool, idempotency_key: str, body: dict, charge) -> dict:
         async with locks.setdefault(idempotency_key, asyncio.Lock()):
             async with pool.connection() as conn:
-                cur = await conn.execute("SELECT response FROM idempotency_keys WHERE key = %s", (idempotency_key,))
+                cur = await conn.execute(
+                    "SELECT response FROM idempotency_keys WHERE key = %s", (idempotency_key,)
+                )
                 row = await cur.fetchone()
             if row is not None:
                 return row[0]
@@ -411,7 +427,9 @@ async def create_client_order(pool, order_id: str, body: dict) -> dict:
             (order_id, body["customer"], body["amount_cents"]),
         )
         created = await cur.fetchone() is not None
-        cur = await conn.execute("SELECT customer, amount_cents FROM client_orders WHERE id = %s", (order_id,))
+        cur = await conn.execute(
+            "SELECT customer, amount_cents FROM client_orders WHERE id = %s", (order_id,)
+        )
         customer, amount = await cur.fetchone()
     if (customer, amount) != (body["customer"], body["amount_cents"]):
         raise IdempotencyKeyReused(order_id, f"order {order_id} exists with a different body")

@@ -57,7 +57,9 @@ class Race:
         self.watcher = await psycopg.AsyncConnection.connect(self.ns.database_url, autocommit=True)
         self.locker = await psycopg.AsyncConnection.connect(self.ns.database_url, autocommit=True)
         await self.locker.execute("BEGIN")
-        await self.locker.execute(f"SELECT 1 FROM {self.table} WHERE {self.where} FOR NO KEY UPDATE", self.params)
+        await self.locker.execute(
+            f"SELECT 1 FROM {self.table} WHERE {self.where} FOR NO KEY UPDATE", self.params
+        )
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -117,7 +119,8 @@ async def buy_conditional(pool, sku: str) -> bool:
     """The fix in one statement: the WHERE is evaluated again once the row's lock is ours."""
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "UPDATE inventory_items SET stock = stock - 1 WHERE sku = %s AND stock > 0 RETURNING stock", (sku,)
+            "UPDATE inventory_items SET stock = stock - 1 WHERE sku = %s AND stock > 0 RETURNING stock",
+            (sku,),
         )
         return await cur.fetchone() is not None
 
@@ -152,7 +155,9 @@ async def buy_serializable(pool, sku: str, tries: Tries | None = None) -> bool:
                     (stock,) = await cur.fetchone()
                     if stock <= 0:
                         return False
-                    await conn.execute("UPDATE inventory_items SET stock = %s WHERE sku = %s", (stock - 1, sku))
+                    await conn.execute(
+                        "UPDATE inventory_items SET stock = %s WHERE sku = %s", (stock - 1, sku)
+                    )
                     return True
             except psycopg.errors.SerializationFailure:
                 tries.aborts += 1
@@ -262,9 +267,17 @@ def plot_aborts(loads: list[Load]):
         ("conditional UPDATE", COLORS["ok"], "s"),
     ):
         rows = [x for x in loads if x.label == label]
-        ax.plot([x.workers for x in rows], [100 * x.abort_rate for x in rows], marker=marker, color=color, label=label)
+        ax.plot(
+            [x.workers for x in rows],
+            [100 * x.abort_rate for x in rows],
+            marker=marker,
+            color=color,
+            label=label,
+        )
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({x.workers for x in loads}), labels=[str(w) for w in sorted({x.workers for x in loads})])
+    ax.set_xticks(
+        sorted({x.workers for x in loads}), labels=[str(w) for w in sorted({x.workers for x in loads})]
+    )
     ax.set_xlabel("concurrent buyers of one stock row")
     ax.set_ylabel("attempts aborted (%)")
     ax.set_ylim(-5, 100)
@@ -361,7 +374,13 @@ async def deadlock_demo(ns, *, ordered: bool) -> list[str]:
 
 
 async def hot_row_load(
-    pool, *, buckets: int, workers: int, seconds: float, hold_ms: float = 2.0, rand: random.Random | None = None
+    pool,
+    *,
+    buckets: int,
+    workers: int,
+    seconds: float,
+    hold_ms: float = 2.0,
+    rand: random.Random | None = None,
 ) -> float:
     """Purchases per second: ``workers`` buyers on one stock row (``buckets=1``) or spread over buckets.
 
@@ -397,7 +416,9 @@ async def hot_row_load(
 def plot_hot_row(rates: dict[int, float], workers: int, hold_ms: float):
     fig, ax = figure(8, 2.6)
     labels = [("one row" if b == 1 else f"{b} buckets") for b in rates]
-    bars = ax.barh(labels[::-1], list(rates.values())[::-1], color=[COLORS["fix"]] * (len(rates) - 1) + [COLORS["bad"]])
+    bars = ax.barh(
+        labels[::-1], list(rates.values())[::-1], color=[COLORS["fix"]] * (len(rates) - 1) + [COLORS["bad"]]
+    )
     ax.bar_label(bars, labels=[f"{v:.0f}/s" for v in list(rates.values())[::-1]], padding=3)
     ax.set_xlabel(
         f"purchases per second, {workers} concurrent buyers, each holding its row lock {hold_ms:g} ms or more"

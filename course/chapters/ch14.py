@@ -43,7 +43,9 @@ def deck_table(deck: list[Card]) -> str:
         "|---|" + "---:|" * (len(kinds) + 1),
     ]
     for (chapter, title), c in sorted(counts.items()):
-        rows.append(f"| {chapter} {title} | " + " | ".join(str(c[k] or "") for k in kinds) + f" | {sum(c.values())} |")
+        rows.append(
+            f"| {chapter} {title} | " + " | ".join(str(c[k] or "") for k in kinds) + f" | {sum(c.values())} |"
+        )
     total = Counter(card.kind for card in deck)
     rows.append("| **all** | " + " | ".join(f"**{total[k]}**" for k in kinds) + f" | **{len(deck)}** |")
     return "\n".join(rows)
@@ -127,7 +129,14 @@ def plot_history(store: Store, *, title: str = "your reviews"):
     rows = history(store)
     fig, ax = plotting.figure(9, 3.2)
     if not rows:
-        ax.text(0.5, 0.5, "no reviews yet: run a drill session above", ha="center", va="center", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "no reviews yet: run a drill session above",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
         ax.set_axis_off()
         return fig
     x = list(range(len(rows)))
@@ -184,7 +193,12 @@ class DrillWidget:
     and one box per step of the structure."""
 
     def __init__(
-        self, deck: list[Card], store: Store, *, clock: Callable[[], datetime] | None = None, new_per_day: int = 20
+        self,
+        deck: list[Card],
+        store: Store,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        new_per_day: int = 20,
     ) -> None:
         import ipywidgets as w
 
@@ -193,26 +207,43 @@ class DrillWidget:
         self.header = w.HTML()
         self.front = w.HTML()
         self.notes = w.Textarea(
-            placeholder="your answer (optional: answering aloud works too)", layout=w.Layout(width="95%", height="90px")
+            placeholder="your answer (optional: answering aloud works too)",
+            layout=w.Layout(width="95%", height="90px"),
         )
-        self.steps = {s: w.Textarea(placeholder=s, layout=w.Layout(width="95%", height="48px")) for s in DESIGN_STEPS}
+        self.steps = {
+            s: w.Textarea(placeholder=s, layout=w.Layout(width="95%", height="48px")) for s in DESIGN_STEPS
+        }
         self.timer = w.Play(value=0, min=0, max=DESIGN_MINUTES * 60, interval=1000, show_repeat=False)
         self.elapsed = w.IntProgress(value=0, min=0, max=DESIGN_MINUTES * 60, description="35 min")
         w.jslink((self.timer, "value"), (self.elapsed, "value"))
         self.design = w.VBox(
-            [w.HBox([self.timer, self.elapsed]), *[w.VBox([w.HTML(f"<b>{s}</b>"), t]) for s, t in self.steps.items()]]
+            [
+                w.HBox([self.timer, self.elapsed]),
+                *[w.VBox([w.HTML(f"<b>{s}</b>"), t]) for s, t in self.steps.items()],
+            ]
         )
         self.show = w.Button(description="Show answer", button_style="info", tooltip="open the model answer")
         self.show.on_click(self._show)
         self.back = w.HTML()
         self.buttons = []
         for value, name in RATINGS:
-            b = w.Button(description=name, disabled=True, tooltip=f"rate {name}", layout=w.Layout(width="auto"))
+            b = w.Button(
+                description=name, disabled=True, tooltip=f"rate {name}", layout=w.Layout(width="auto")
+            )
             b.on_click(lambda _b, value=value: self._rate(value))
             self.buttons.append(b)
         self.status = w.HTML()
         self.box = w.VBox(
-            [self.header, self.front, self.notes, self.design, self.show, self.back, w.HBox(self.buttons), self.status]
+            [
+                self.header,
+                self.front,
+                self.notes,
+                self.design,
+                self.show,
+                self.back,
+                w.HBox(self.buttons),
+                self.status,
+            ]
         )
         self.box.add_class("course-drill")
         self._load()
@@ -258,7 +289,11 @@ class DrillWidget:
         if card is None:
             return
         self.timer.playing = False
-        took = f"<p>time: {self.timer.value // 60} of {DESIGN_MINUTES} minutes</p>" if card.kind == "design" else ""
+        took = (
+            f"<p>time: {self.timer.value // 60} of {DESIGN_MINUTES} minutes</p>"
+            if card.kind == "design"
+            else ""
+        )
         links = "".join(f"<li><a href='{url}' target='_blank'>{title}</a></li>" for title, url in card.links)
         self.back.value = (
             f"<div class='course-drill-answer'><hr>{took}{_html(card.back)}"

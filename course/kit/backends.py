@@ -156,7 +156,9 @@ def docker_available(timeout: float = 2.0) -> tuple[bool, str]:
         client.ping()
         client.close()
     except Exception as err:  # noqa: BLE001 - any failure means "no engine"
-        detail = "no socket" if "FileNotFound" in str(err) or "No such file" in str(err) else type(err).__name__
+        detail = (
+            "no socket" if "FileNotFound" in str(err) or "No such file" in str(err) else type(err).__name__
+        )
         return False, f"no Docker engine answers ({detail})"
     return True, "a Docker engine answers: using testcontainers"
 
@@ -285,7 +287,9 @@ POSTGRES_SETTINGS = {"max_prepared_transactions": "16", "wal_level": "logical", 
 def _short_dir() -> Path:
     """A folder of this account's own with a short path, for unix sockets (at most 107 bytes)."""
     path = runtime_dir()
-    return path if len(str(path)) < 60 else Path(tempfile.mkdtemp(prefix="course-"))  # mkdtemp: 0700, this account's
+    return (
+        path if len(str(path)) < 60 else Path(tempfile.mkdtemp(prefix="course-"))
+    )  # mkdtemp: 0700, this account's
 
 
 def _pgserver():

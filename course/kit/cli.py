@@ -120,7 +120,9 @@ def doctor(args) -> int:
     py = sys.version_info
     refused, floor = python_requirements()
     need = f"the installed packages need >= {floor}" if floor else "needs >= 3.11"
-    line(py >= (3, 11) and not refused, f"Python {py.major}.{py.minor}.{py.micro} ({need}) at {sys.executable}")
+    line(
+        py >= (3, 11) and not refused, f"Python {py.major}.{py.minor}.{py.micro} ({need}) at {sys.executable}"
+    )
     for text in refused:
         line(False, text)
     for dist, module in REQUIREMENTS:
@@ -248,7 +250,8 @@ def instructor_report(
         lines.append(
             (
                 closed,
-                f"your home {home} (mode {mode:o})" + ("" if closed else f": open to every account; chmod 700 {home}"),
+                f"your home {home} (mode {mode:o})"
+                + ("" if closed else f": open to every account; chmod 700 {home}"),
             )
         )
     except OSError as err:
@@ -267,11 +270,16 @@ def instructor_report(
         if not path.exists():
             continue
         how = _open_to_others(path)
-        lines.append((how is None, f"{name} ({what})" + (f": {how} by other accounts" if how else ": private")))
+        lines.append(
+            (how is None, f"{name} ({what})" + (f": {how} by other accounts" if how else ": private"))
+        )
     for path in roster if roster is not None else sorted(home.glob("*roster*")):
         how = _open_to_others(path)
         lines.append(
-            (how is None, f"roster {path}" + (f": {how} by other accounts; chmod 600 {path}" if how else ": private"))
+            (
+                how is None,
+                f"roster {path}" + (f": {how} by other accounts; chmod 600 {path}" if how else ": private"),
+            )
         )
     return lines
 
@@ -284,7 +292,9 @@ def doctor_instructor(course: Path) -> int:
         problems += 0 if closed else 1
         print(f"[{'OK' if closed else 'OPEN'}] {text}", flush=True)
     if problems:
-        print(f"{problems} open to other accounts: docs/INSTRUCTORS.md, section 'One shared machine', closes them")
+        print(
+            f"{problems} open to other accounts: docs/INSTRUCTORS.md, section 'One shared machine', closes them"
+        )
     return 1 if problems else 0
 
 
@@ -351,7 +361,12 @@ def _serve(args) -> int:
     srv = backends.servers()
     from course.kit import procs
 
-    info = {**procs.identity(), "kind": srv.kind, "redis_url": srv.redis_url, "database_url": srv.database_url}
+    info = {
+        **procs.identity(),
+        "kind": srv.kind,
+        "redis_url": srv.redis_url,
+        "database_url": srv.database_url,
+    }
     _up_file().write_text(json.dumps(info))
     try:
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
@@ -381,7 +396,9 @@ def down(args) -> int:
 LEARNER_CONFIG = Path(__file__).resolve().parent / "jupyter" / "learner"
 
 
-def lab_command(jupyter_args: list[str], *, instructor: bool = False, root: bool | None = None) -> tuple[list, dict]:
+def lab_command(
+    jupyter_args: list[str], *, instructor: bool = False, root: bool | None = None
+) -> tuple[list, dict]:
     """The ``jupyter lab`` command line and the environment changes ``course lab`` uses."""
     first = "notebooks/00_setup_and_tour/00_setup_and_tour.ipynb"
     shell = os.environ.get("SHELL") or "/bin/sh"
@@ -509,7 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("doctor", help="check Python, the dependencies and the live servers")
     p.add_argument(
-        "--instructor", action="store_true", help="also report what of the course directory other accounts can read"
+        "--instructor",
+        action="store_true",
+        help="also report what of the course directory other accounts can read",
     )
     p.set_defaults(fn=doctor)
     p = sub.add_parser("up", help="start shared Redis and PostgreSQL and print their URLs")
@@ -517,8 +536,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=up)
     sub.add_parser("down", help="stop the servers of `course up`").set_defaults(fn=down)
     sub.add_parser("_serve").set_defaults(fn=_serve)
-    p = sub.add_parser("lab", help="JupyterLab on the workbook with live servers (other options go to jupyter lab)")
-    p.add_argument("--instructor", action="store_true", help="keep nbgrader's formgrader and Create Assignment")
+    p = sub.add_parser(
+        "lab", help="JupyterLab on the workbook with live servers (other options go to jupyter lab)"
+    )
+    p.add_argument(
+        "--instructor", action="store_true", help="keep nbgrader's formgrader and Create Assignment"
+    )
     p.set_defaults(fn=lab_cmd)
     p = sub.add_parser("check", help="grade a chapter notebook as the instructor would")
     p.add_argument("path", help="a chapter notebook (.ipynb)")
@@ -529,17 +552,29 @@ def main(argv: list[str] | None = None) -> int:
         help="grade without the sandbox (where bubblewrap is missing): the code runs with your rights",
     )
     p.set_defaults(fn=check_cmd)
-    p = sub.add_parser("grade", help="instructors: autograde every collected submission of a chapter, in parallel")
+    p = sub.add_parser(
+        "grade", help="instructors: autograde every collected submission of a chapter, in parallel"
+    )
     p.add_argument("assignment", help="the chapter, as nbgrader names it (03_idempotency)")
-    p.add_argument("--jobs", type=int, default=None, help="submissions graded at once (default: one per core)")
+    p.add_argument(
+        "--jobs", type=int, default=None, help="submissions graded at once (default: one per core)"
+    )
     p.add_argument("--student", action="append", help="only this student (repeatable)")
-    p.add_argument("--shard", metavar="K/N", help="grade only the K-th of N equal shares of the class (one node's)")
-    p.add_argument("--cache", metavar="DIR", help="keep results in DIR (a folder every node sees) instead of locally")
-    p.add_argument("--no-record", action="store_true", help="grade into the cache only; record later, in one run")
+    p.add_argument(
+        "--shard", metavar="K/N", help="grade only the K-th of N equal shares of the class (one node's)"
+    )
+    p.add_argument(
+        "--cache", metavar="DIR", help="keep results in DIR (a folder every node sees) instead of locally"
+    )
+    p.add_argument(
+        "--no-record", action="store_true", help="grade into the cache only; record later, in one run"
+    )
     p.add_argument("--no-sandbox", action="store_true", help="grade without the sandbox (not recommended)")
     p.set_defaults(fn=grade_cmd)
     p = sub.add_parser("assign", help="instructors: record chapters in the gradebook as you hand them out")
-    p.add_argument("chapters", nargs="+", metavar="CHAPTER", help="as nbgrader names it (01_timeouts_and_retries)")
+    p.add_argument(
+        "chapters", nargs="+", metavar="CHAPTER", help="as nbgrader names it (01_timeouts_and_retries)"
+    )
     p.add_argument("--due", help='due date, e.g. "2026-12-15 17:00:00 UTC"')
     p.set_defaults(fn=assign_cmd)
     for name, what in (

@@ -204,7 +204,12 @@ class Schedule:
 
     @classmethod
     def outage(
-        cls, start: float, end: float, *, during: str | int | Step = "fail", otherwise: str | int | Step = "ok"
+        cls,
+        start: float,
+        end: float,
+        *,
+        during: str | int | Step = "fail",
+        otherwise: str | int | Step = "ok",
     ) -> Schedule:
         """Fail with ``during`` while ``start <= t < end`` (seconds since the clock's zero)."""
         sched = cls("ok")
@@ -457,7 +462,12 @@ class LocalHTTPServer:
                 await writer.drain()
                 if headers.get("connection", "").lower() == "close":
                     break
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, asyncio.CancelledError):
+        except (
+            asyncio.IncompleteReadError,
+            ConnectionError,
+            asyncio.LimitOverrunError,
+            asyncio.CancelledError,
+        ):
             pass
         finally:
             if not writer.transport.is_closing():
@@ -485,7 +495,9 @@ class FlakyService(LocalHTTPServer):
             httpx.get(svc.url + "/pay")          # 503, 503, then 200
     """
 
-    def __init__(self, schedule: Schedule | str = "ok", *, retry_after: float = 1.0, name: str = "flaky") -> None:
+    def __init__(
+        self, schedule: Schedule | str = "ok", *, retry_after: float = 1.0, name: str = "flaky"
+    ) -> None:
         super().__init__()
         self.schedule = schedule if isinstance(schedule, Schedule) else Schedule(schedule)
         self.retry_after = retry_after

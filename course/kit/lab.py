@@ -167,7 +167,9 @@ class Namespace:
         key = ("pool", _loop_id(asyncio), min_size, max_size, repr(sorted(kwargs.items())))
         if not fresh and (pool := self._reuse(key)) is not None:
             return pool
-        pool = AsyncConnectionPool(self.database_url, min_size=min_size, max_size=max_size, open=False, **kwargs)
+        pool = AsyncConnectionPool(
+            self.database_url, min_size=min_size, max_size=max_size, open=False, **kwargs
+        )
         await pool.open(wait=True)
         self._pools.append(pool)
         if not fresh:
@@ -227,7 +229,9 @@ def _create_database(admin_url: str, name: str) -> None:
     with _admin(admin_url) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         conn.execute(
-            sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(json.dumps(_owner())))
+            sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                sql.Identifier(name), sql.Literal(json.dumps(_owner()))
+            )
         )
 
 

@@ -56,7 +56,9 @@ def app(routes, **kwargs):
 class Service:
     """An ASGI app served by uvicorn on ``127.0.0.1`` in a background thread."""
 
-    def __init__(self, asgi_app, *, name: str = "service", host: str = "127.0.0.1", port: int = 0, **config) -> None:
+    def __init__(
+        self, asgi_app, *, name: str = "service", host: str = "127.0.0.1", port: int = 0, **config
+    ) -> None:
         self.app = asgi_app
         self.name = name
         self.host = host

@@ -109,7 +109,9 @@ def outage_breaker(clock: Callable[[], float]) -> CircuitBreaker:
 
 
 #: The retry policy of the chapter's consumer: 5 attempts, full jitter from 0.1 s up to 2 s.
-DEFAULT_POLICY = RetryPolicy(max_attempts=5, max_elapsed=60.0, backoff=FullJitter(0.1, 2.0), retryable=is_transient)
+DEFAULT_POLICY = RetryPolicy(
+    max_attempts=5, max_elapsed=60.0, backoff=FullJitter(0.1, 2.0), retryable=is_transient
+)
 #: The consumer's other defaults (:func:`ordered_consumer` says how they relate).
 MAX_IN_FLIGHT = 200  # entries read and not yet finished, all lanes together
 MAX_DELIVERIES = 5  # as SQS's maxReceiveCount or RabbitMQ's delivery-limit
@@ -122,7 +124,14 @@ FIELDS = ("id", "key", "type", "seq", "schema", "correlation_id", "body")
 
 
 def make_message(
-    id: str, key: str, type: str, seq: int, body: dict | str | None = None, *, schema: int = 1, correlation_id=None
+    id: str,
+    key: str,
+    type: str,
+    seq: int,
+    body: dict | str | None = None,
+    *,
+    schema: int = 1,
+    correlation_id=None,
 ) -> dict[str, str]:
     """One message as stream fields: a stable ``id`` (the dedup key), the ordering ``key``, its
     ``seq`` within the key, the ``schema`` version, a ``correlation_id`` and a JSON ``body``."""
@@ -393,7 +402,9 @@ async def process_entry(w: Wiring, entry_id: str, fields: dict, lane: str, deliv
     attempts while the breaker was not closed starts again with a fresh budget once it is: an
     outage is not a bad message. A lost lease (:class:`LeaseLost`) propagates: no dead letter, no ack.
     """
-    policy = replace(w.policy, retryable=lambda err: not isinstance(err, _NOT_ITS_FAULT) and w.policy.retryable(err))
+    policy = replace(
+        w.policy, retryable=lambda err: not isinstance(err, _NOT_ITS_FAULT) and w.policy.retryable(err)
+    )
 
     def logged(state: RetryState) -> None:  # every failure leaves its retry metadata in the log
         w.emit("retry", entry_id, fields, attempt=state.attempt, first_failed_at=state.first_failure_at,
@@ -417,19 +428,23 @@ async def process_entry(w: Wiring, entry_id: str, fields: dict, lane: str, deliv
                 await w.wait_out(entry_id, fields)
                 continue
             over = isinstance(err, DeliveryLimitExceeded)
-            reason = "deliveries" if over else "permanent" if state.gave_up == "not retryable" else "exhausted"
+            reason = (
+                "deliveries" if over else "permanent" if state.gave_up == "not retryable" else "exhausted"
+            )
             now = w.clock()
             entry = dlq_entry(
-                fields, stream=w.stream, entry_id=entry_id, attempts=deliveries - 1 if over else state.attempt,
+                fields, stream=w.stream, entry_id=entry_id,
+                attempts=deliveries - 1 if over else state.attempt,
                 first_failed_at=now if state.first_failure_at is None else state.first_failure_at,
-                last_failed_at=now if state.last_failure_at is None else state.last_failure_at, error=err, reason=reason,
+                last_failed_at=now if state.last_failure_at is None else state.last_failure_at,
+                error=err, reason=reason,
             )  # fmt: skip
             await dead_letter(
                 w.pool, w.redis, stream=w.stream, dlq=w.dlq, entry_id=entry_id, fields=fields, lane=lane,
                 entry=entry, token=w.token,
             )  # fmt: skip
-            w.emit("dead", entry_id, fields, attempt=state.attempt, error=str(err), error_type=type(err).__name__,
-                   reason=reason)  # fmt: skip
+            w.emit("dead", entry_id, fields, attempt=state.attempt, error=str(err),
+                   error_type=type(err).__name__, reason=reason)  # fmt: skip
             outcome = "dead"
         else:
             w.emit(outcome, entry_id, fields, attempt=state.attempt + 1)
@@ -461,7 +476,9 @@ async def claim_stale(redis, stream: str, group: str, consumer: str, min_idle_ms
             return out
 
 
-async def take_pending(redis, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 100) -> int:
+async def take_pending(
+    redis, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 100
+) -> int:
     """Move to ``consumer`` every entry pending longer than ``min_idle_ms`` (0: all of them, whoever
     holds them): ``XPENDING`` page by page, then ``XCLAIM ... JUSTID`` (ids only: nothing read into
     memory, the delivery count left to the read that follows). The number moved."""
@@ -559,11 +576,26 @@ async def ordered_consumer(
     its retries (up to ``policy.max_elapsed``) and the handler. The default, 5 minutes, is five times
     ``DEFAULT_POLICY.max_elapsed``. A production consumer runs this in a loop (or with ``BLOCK``).
     """
-    w = Wiring(pool, redis, handle, stream, group, dlq, policy, sleep, rand, clock, log, max_deliveries=max_deliveries)
+    w = Wiring(
+        pool,
+        redis,
+        handle,
+        stream,
+        group,
+        dlq,
+        policy,
+        sleep,
+        rand,
+        clock,
+        log,
+        max_deliveries=max_deliveries,
+    )
     counts = w.counts
     lease = None
     if lease_ms is not None:
-        lease = await take_ownership(pool, redis, stream=stream, group=group, consumer=consumer, lease_ms=lease_ms)
+        lease = await take_ownership(
+            pool, redis, stream=stream, group=group, consumer=consumer, lease_ms=lease_ms
+        )
         if lease is None:
             w.note("not owner", consumer=consumer)
             counts["not owner"] += 1
@@ -605,7 +637,9 @@ async def ordered_consumer(
     async def drain() -> None:
         nonlocal renewed
         async with asyncio.TaskGroup() as tg:
-            await take_pending(redis, stream, group, consumer, 0 if lease_ms is not None else claim_idle_ms, batch)
+            await take_pending(
+                redis, stream, group, consumer, 0 if lease_ms is not None else claim_idle_ms, batch
+            )
             history: str | None = "0"  # this name's pending entries (all just taken), then new ones
             while not dead():
                 if renew_every is not None and time.monotonic() - renewed >= renew_every:
@@ -637,7 +671,9 @@ async def ordered_consumer(
                         continue
                     if not lanes:
                         break
-                await asyncio.wait(list(lanes.values()), timeout=renew_every, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    list(lanes.values()), timeout=renew_every, return_when=asyncio.FIRST_COMPLETED
+                )
 
     lost = False
     try:  # the lanes' TaskGroup runs in a task of its own: a lane's crash cancels the group's parent

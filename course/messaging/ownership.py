@@ -34,9 +34,7 @@ def lease_key(stream: str, group: str) -> str:
 
 
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
-_AT_LEAST = (
-    "if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end"
-)
+_AT_LEAST = "if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end"
 
 
 async def take_ownership(pool, redis, *, stream: str, group: str, consumer: str, lease_ms: int = LEASE_MS):
@@ -55,8 +53,10 @@ async def take_ownership(pool, redis, *, stream: str, group: str, consumer: str,
             return None
         async with pool.connection() as conn:
             cur = await conn.execute(
-                "INSERT INTO mq_fence AS f (stream, token, owner) VALUES (%s, %s, %s) ON CONFLICT (stream) DO UPDATE "
-                "SET token = excluded.token, owner = excluded.owner, taken_at = now() WHERE f.token < excluded.token "
+                "INSERT INTO mq_fence AS f (stream, token, owner) VALUES (%s, %s, %s) ON CONFLICT (stream) "
+                "DO UPDATE "
+                "SET token = excluded.token, owner = excluded.owner, taken_at = now() "
+                "WHERE f.token < excluded.token "
                 "RETURNING token",
                 (stream, lease.fence, consumer),
             )

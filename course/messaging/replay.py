@@ -14,7 +14,9 @@ from collections.abc import Awaitable, Callable
 from course.messaging.consumer import ORDER_BY_ENTRY, Handler, entry_order
 
 
-async def replay_key(pool, redis, handle: Handler, *, stream: str, key: str, dlq: str, batch: int = 100) -> int:
+async def replay_key(
+    pool, redis, handle: Handler, *, stream: str, key: str, dlq: str, batch: int = 100
+) -> int:
     """Re-drive a blocked key after its cause is fixed; the number of messages applied.
 
     The dead-lettered message first, then the parked ones in stream order, each skipped if its id
@@ -28,7 +30,8 @@ async def replay_key(pool, redis, handle: Handler, *, stream: str, key: str, dlq
     while True:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "SELECT entry_id, dlq_id, fields FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR UPDATE",
+                "SELECT entry_id, dlq_id, fields FROM mq_blocked_keys WHERE stream = %s AND key = %s "
+                "FOR UPDATE",
                 (stream, key),
             )
             row = await cur.fetchone()
@@ -37,7 +40,8 @@ async def replay_key(pool, redis, handle: Handler, *, stream: str, key: str, dlq
             dead_entry, dlq_id, dead_fields = row
             todo = 1 if await _apply_new(conn, handle, stream, dead_entry, dead_fields) else 0
             cur = await conn.execute(
-                f"SELECT entry_id, fields FROM mq_parked WHERE stream = %s AND key = %s ORDER BY {ORDER_BY_ENTRY} "
+                "SELECT entry_id, fields FROM mq_parked WHERE stream = %s AND key = %s "
+                f"ORDER BY {ORDER_BY_ENTRY} "
                 "LIMIT %s",
                 (stream, key, batch - todo),
             )
@@ -45,11 +49,17 @@ async def replay_key(pool, redis, handle: Handler, *, stream: str, key: str, dlq
             for entry_id, fields in rows:
                 todo += await _apply_new(conn, handle, stream, entry_id, fields)
             done = [entry_id for entry_id, _ in rows]
-            await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND entry_id = ANY(%s)", (stream, done))
-            cur = await conn.execute("SELECT 1 FROM mq_parked WHERE stream = %s AND key = %s LIMIT 1", (stream, key))
+            await conn.execute(
+                "DELETE FROM mq_parked WHERE stream = %s AND entry_id = ANY(%s)", (stream, done)
+            )
+            cur = await conn.execute(
+                "SELECT 1 FROM mq_parked WHERE stream = %s AND key = %s LIMIT 1", (stream, key)
+            )
             last = await cur.fetchone() is None
             if last:  # nothing parked is left: unblock, in the transaction of the last batch
-                await conn.execute("DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key))
+                await conn.execute(
+                    "DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key)
+                )
         applied += todo
         if last:
             await redis.xdel(dlq, dlq_id)

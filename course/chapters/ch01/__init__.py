@@ -139,11 +139,15 @@ def plot_pool_runs(*runs: PoolRun):
         ax.axvline(run.observe, color="grey", ls=":", lw=1)
         ax.set_xlim(0, run.observe * 1.05)
         ax.set_xlabel("seconds")
-        ax.set_title(f"{run.label}\n{len(run.healthy_done())}/{len(run.healthy())} healthy calls answered", fontsize=10)
+        ax.set_title(
+            f"{run.label}\n{len(run.healthy_done())}/{len(run.healthy())} healthy calls answered", fontsize=10
+        )
     axes[0].set_ylabel("call (first the hanging ones, then the healthy ones)")
     axes[0].invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("#27ae60", "#e67e22", "#c0392b")]
-    fig.legend(handles, ["answered 200", "timed out (fails fast)", "still waiting"], loc="lower center", ncol=3)
+    fig.legend(
+        handles, ["answered 200", "timed out (fails fast)", "still waiting"], loc="lower center", ncol=3
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
@@ -186,7 +190,8 @@ def plot_strategies(base: float = 0.1, cap: float = 2.0, *, attempts: int = 10, 
     ax.set_xlabel("retry number (wait after failure k = retry k)")
     ax.set_ylabel("delay (s)")
     ax.set_title(
-        f"Backoff strategies, base {base:g} s, cap {cap:g} s ({clients} sampled clients per jitter)", fontsize=10
+        f"Backoff strategies, base {base:g} s, cap {cap:g} s ({clients} sampled clients per jitter)",
+        fontsize=10,
     )
     ax.set_ylim(0, cap * 1.12)
     legend_outside(ax)
@@ -261,7 +266,9 @@ async def live_errors(
             await keep("bad header", lambda: client.get(svc.url + "/item", headers={"x-note": "two\nlines"}))
         svc.set_schedule(Schedule("hang", then="repeat"))
         limits = httpx.Limits(max_connections=1)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, pool=timeout / 4), limits=limits) as client:
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, pool=timeout / 4), limits=limits
+        ) as client:
             holder = asyncio.ensure_future(client.get(svc.url + "/slow"))  # takes the only connection
             seen = svc.count
             while svc.count < seen + 1:
@@ -298,7 +305,9 @@ async def retry_after_race(*, busy: float = 1.0, retry_after: int = 1, seed: int
 
     async def client(label: str, spread: float | None) -> PoliteRun:
         run = PoliteRun(label)
-        async with FlakyService(Schedule.outage(0.0, busy, during=429), retry_after=retry_after, name=label) as svc:
+        async with FlakyService(
+            Schedule.outage(0.0, busy, during=429), retry_after=retry_after, name=label
+        ) as svc:
             async with httpx.AsyncClient(timeout=2.0) as http:
                 svc.reset_clock()
                 t0 = time.perf_counter()
@@ -312,7 +321,10 @@ async def retry_after_race(*, busy: float = 1.0, retry_after: int = 1, seed: int
                     max_attempts=12, max_elapsed=5.0, backoff=FullJitter(0.05, 2.0), retry_after_spread=spread
                 )
                 await retry_call(
-                    get, policy, rand=random.Random(seed).random, on_retry=lambda s: run.waits.append(s.delays[-1])
+                    get,
+                    policy,
+                    rand=random.Random(seed).random,
+                    on_retry=lambda s: run.waits.append(s.delays[-1]),
                 )
         return run
 
@@ -449,7 +461,9 @@ async def call_chain(hops: list[Hop], user_timeout: float, *, propagate: bool) -
     return run
 
 
-def deadline_across_hosts(skews=(-2.0, 0.0, 2.0), *, budget: float = 1.0, transit: float = 0.005) -> list[dict]:
+def deadline_across_hosts(
+    skews=(-2.0, 0.0, 2.0), *, budget: float = 1.0, transit: float = 0.005
+) -> list[dict]:
     """Host A calls host B with ``budget`` seconds left; B's clock runs ``skew`` s ahead of A's.
 
     What B believes it has left when A sends the deadline as an absolute time (A's clock
@@ -547,7 +561,9 @@ async def measure_reads(
     """``n`` reads against the replicas at ``urls``, ``concurrency`` at a time; hedged after
     ``hedge_after`` s, or plain reads of ``urls[0]`` when it is None. Results are added to
     ``into`` (a new :class:`ReadRun` by default)."""
-    run = into or ReadRun(label or ("plain" if hedge_after is None else f"hedged after {hedge_after * 1000:.0f} ms"))
+    run = into or ReadRun(
+        label or ("plain" if hedge_after is None else f"hedged after {hedge_after * 1000:.0f} ms")
+    )
     gate = asyncio.Semaphore(concurrency)
     own = client is None
     http = client or httpx.AsyncClient(timeout=5.0, limits=httpx.Limits(max_connections=4 * concurrency))
@@ -606,7 +622,9 @@ async def hedging_demo(
         half = max(60, n // 6)
         await asyncio.gather(
             *(
-                measure_reads([url], n=half, hedge_after=None, client=client, into=warmup, concurrency=concurrency)
+                measure_reads(
+                    [url], n=half, hedge_after=None, client=client, into=warmup, concurrency=concurrency
+                )
                 for url in (p.url, a.url)
             )
         )
@@ -616,7 +634,12 @@ async def hedging_demo(
         await asyncio.gather(
             measure_reads([p.url], n=n, hedge_after=None, client=client, into=plain, concurrency=concurrency),
             measure_reads(
-                [a.url, b.url], n=n, hedge_after=hedge_after, client=client, into=hedged_run, concurrency=concurrency
+                [a.url, b.url],
+                n=n,
+                hedge_after=hedge_after,
+                client=client,
+                into=hedged_run,
+                concurrency=concurrency,
             ),
         )
     return plain, hedged_run, hedge_after
@@ -632,7 +655,9 @@ def fanout_slow_share(shards: int, p_slow: float = 0.01, *, trials: int = 20_000
     return float(slow.any(axis=1).mean())
 
 
-def plot_fanout(p_slow: float = 0.01, *, max_shards: int = 200, p_slow_hedged: float | None = None, trials=20_000):
+def plot_fanout(
+    p_slow: float = 0.01, *, max_shards: int = 200, p_slow_hedged: float | None = None, trials=20_000
+):
     """Share of slow requests against fan-out width: formula, simulation, and with hedging."""
     import matplotlib.pyplot as plt
 
@@ -644,7 +669,12 @@ def plot_fanout(p_slow: float = 0.01, *, max_shards: int = 200, p_slow_hedged: f
     measured = [fanout_slow_share(w, p_slow, trials=trials, seed=int(w)) for w in widths]
     ax.plot(widths, measured, "o", ms=3, color="#c0392b", label="simulated")
     if p_slow_hedged is not None:
-        ax.plot(widths, 1 - (1 - p_slow_hedged) ** widths, color="#2e86c1", label=f"hedged (p = {p_slow_hedged:.2g})")
+        ax.plot(
+            widths,
+            1 - (1 - p_slow_hedged) ** widths,
+            color="#2e86c1",
+            label=f"hedged (p = {p_slow_hedged:.2g})",
+        )
     ax.axvline(100, color="grey", ls=":", lw=1)
     ax.set(xlabel="shards a request waits on (N)", ylabel="share of slow requests", ylim=(0, 1.02))
     ax.set_title(f"The fan-out tail: each shard slow {p_slow:.0%} of the time")

@@ -180,7 +180,9 @@ def growth_exponent(sweep_results: dict[int, HerdResult], strategy: str) -> floa
     return float(np.polyfit(xs, ys, 1)[0])
 
 
-def claims_table(res: HerdResult, sweep_results: dict[int, HerdResult] | None = None) -> list[tuple[str, str, bool]]:
+def claims_table(
+    res: HerdResult, sweep_results: dict[int, HerdResult] | None = None
+) -> list[tuple[str, str, bool]]:
     """Brooker's claims beside what this run measured: (claim, measured, reproduced?)."""
     calls = {s: res.mean_calls(s) for s in res.calls}
     time_ms = {s: res.mean_completion_ms(s) for s in res.completion_ms}
@@ -212,7 +214,8 @@ def claims_table(res: HerdResult, sweep_results: dict[int, HerdResult] | None = 
                 BROOKER_CLAIMS["equal jitter"],
                 f"equal {calls['equal jitter']:.0f} calls / {time_ms['equal jitter']:.0f} ms, full "
                 f"{calls['full jitter']:.0f} calls / {time_ms['full jitter']:.0f} ms",
-                calls["equal jitter"] > calls["full jitter"] and time_ms["equal jitter"] > time_ms["full jitter"],
+                calls["equal jitter"] > calls["full jitter"]
+                and time_ms["equal jitter"] > time_ms["full jitter"],
             )
         )
     if {"full jitter", "decorrelated jitter"} <= calls.keys():
@@ -260,11 +263,18 @@ def plot_sweep(sweep_results: dict[int, HerdResult]):
     for s in strategies:
         ax_calls.plot(ns, [sweep_results[n].mean_calls(s) for n in ns], "-o", ms=3, color=COLORS[s], label=s)
         ax_time.plot(
-            ns, [sweep_results[n].mean_completion_ms(s) / 1000 for n in ns], "-o", ms=3, color=COLORS[s], label=s
+            ns,
+            [sweep_results[n].mean_completion_ms(s) / 1000 for n in ns],
+            "-o",
+            ms=3,
+            color=COLORS[s],
+            label=s,
         )
     trials = sweep_results[ns[0]].trials
     ax_calls.set(
-        xlabel="contending clients", ylabel="calls (conditional writes)", title=f"Work (mean of {trials} runs)"
+        xlabel="contending clients",
+        ylabel="calls (conditional writes)",
+        title=f"Work (mean of {trials} runs)",
     )
     ax_time.set(xlabel="contending clients", ylabel="seconds until the last client is done", yscale="log")
     ax_time.set_title(f"Completion time (mean of {trials} runs, log scale)")
@@ -285,13 +295,17 @@ def plot_race(clients: int, *, trials: int = 20, seed: int = 7, window_ms: float
     bins = np.arange(0, window_ms + 10, 10)
     for s in ("exponential", "full jitter"):
         ax_t.hist(res.write_times_ms[s], bins=bins, histtype="step", lw=1.6, color=COLORS[s], label=s)
-    ax_t.set(xlabel="time (ms)", ylabel="writes per 10 ms", title=f"{clients} clients: writes arriving at the row")
+    ax_t.set(
+        xlabel="time (ms)", ylabel="writes per 10 ms", title=f"{clients} clients: writes arriving at the row"
+    )
     legend_outside(ax_t, "below", ncols=2)
     names = list(res.calls)
     calls = [res.mean_calls(s) for s in names]
     ax_bar.barh(names, calls, color=[COLORS[s] for s in names])
     for y, (s, c) in enumerate(zip(names, calls, strict=True)):
-        ax_bar.text(c, y, f" {c:.0f} calls, {res.mean_completion_ms(s) / 1000:.1f} s", va="center", fontsize=8)
+        ax_bar.text(
+            c, y, f" {c:.0f} calls, {res.mean_completion_ms(s) / 1000:.1f} s", va="center", fontsize=8
+        )
     ax_bar.set_xlim(0, max(calls) * 1.9)
     ax_bar.set(xlabel=f"mean calls ({trials} runs)", title="work and completion time")
     ax_bar.invert_yaxis()
@@ -479,7 +493,9 @@ async def live_occ_race(
     from course.backoff import make
 
     if getattr(pool, "max_size", clients) < clients:
-        raise ValueError(f"the pool has {pool.max_size} connections; the race needs one per client ({clients})")
+        raise ValueError(
+            f"the pool has {pool.max_size} connections; the race needs one per client ({clients})"
+        )
     async with pool.connection() as conn:
         await conn.execute(HERD_TABLE)
         await conn.execute("INSERT INTO herd_row VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET version = 0")

@@ -48,7 +48,9 @@ class SketchBreaker:
     the state flips to half-open and nothing stops the next caller.
     """
 
-    def __init__(self, threshold: float = 0.5, window_size: int = 10, cooldown: float = 30.0, *, clock=time.monotonic):
+    def __init__(
+        self, threshold: float = 0.5, window_size: int = 10, cooldown: float = 30.0, *, clock=time.monotonic
+    ):
         self.threshold, self.window_size, self.cooldown, self.clock = threshold, window_size, cooldown, clock
         self.state, self.failures, self.total, self.opened_at = CLOSED, 0, 0, 0.0
         self.transitions: list[tuple[float, str]] = [(clock(), CLOSED)]
@@ -206,7 +208,9 @@ def plot_timeline(tl: Timeline, ax_latency, ax_state=None, *, title: str = "", u
         pts = [(s, d) for s, d, o in tl.requests if o == outcome]
         if pts:
             xs, ys = zip(*pts, strict=True)
-            label = {"ok": "answered", "failed": "failed after waiting", "rejected": "rejected fast (503)"}[outcome]
+            label = {"ok": "answered", "failed": "failed after waiting", "rejected": "rejected fast (503)"}[
+                outcome
+            ]
             ax_latency.scatter(xs, ys, s=10, color=color, label=f"{label} ({len(pts)})")
     ax_latency.axvspan(*tl.outage, color="#c0392b", alpha=0.08, label="dependency down")
     from course.kit.plotting import legend_outside
@@ -232,7 +236,9 @@ def plot_states(transitions: list[tuple[float, str]], end: float, ax) -> None:
 # ----------------------------------------------------------------------------- demos beside the timeline
 
 
-async def one_for_all(shared: bool, *, seconds: float = 60.0, interval: float = 0.5) -> dict[str, dict[str, int]]:
+async def one_for_all(
+    shared: bool, *, seconds: float = 60.0, interval: float = 0.5
+) -> dict[str, dict[str, int]]:
     """Typical mistake 2: search is down, payments is healthy. Outcomes per dependency.
 
     With ``shared=True`` one breaker guards both, so search's timeouts open it for
@@ -406,7 +412,12 @@ async def per_process(
 
 
 def returning_callers(
-    rejected: int = 150, *, burst: float = 0.05, retry_after: float = 1.0, spread: float | None = None, seed: int = 1
+    rejected: int = 150,
+    *,
+    burst: float = 0.05,
+    retry_after: float = 1.0,
+    spread: float | None = None,
+    seed: int = 1,
 ) -> list[float]:
     """When do ``rejected`` callers, turned away within one ``burst`` (seconds) with the same
     ``Retry-After``, come back? Each waits exactly that long (``spread=None``) or that long

@@ -56,7 +56,9 @@ class Checkout:
                     receipt = await self._charge(order)
                 return Response(200, body={"paid": True, "receipt": receipt})
             except CircuitOpenError as err:
-                return Response(503, {"Retry-After": err.retry_after_header}, {"error": "payments_unavailable"})
+                return Response(
+                    503, {"Retry-After": err.retry_after_header}, {"error": "payments_unavailable"}
+                )
             except httpx.TimeoutException:
                 return Response(504, body={"error": "payments_timeout"})
             except httpx.HTTPError:

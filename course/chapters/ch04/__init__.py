@@ -165,13 +165,17 @@ async def user_queries(pool) -> int:
 
 async def add_user(pool, user_id: int, name: str, email: str) -> None:
     async with pool.connection() as conn:
-        await conn.execute("INSERT INTO user_rows (id, name, email) VALUES (%s, %s, %s)", (user_id, name, email))
+        await conn.execute(
+            "INSERT INTO user_rows (id, name, email) VALUES (%s, %s, %s)", (user_id, name, email)
+        )
 
 
 async def fetch_user(pool, user_id: int) -> dict | None:
     """One user as ``{"id", "name", "email"}`` or None: one query on the ``users`` view."""
     async with pool.connection() as conn:
-        row = await (await conn.execute("SELECT id, name, email FROM users WHERE id = %s", (user_id,))).fetchone()
+        row = await (
+            await conn.execute("SELECT id, name, email FROM users WHERE id = %s", (user_id,))
+        ).fetchone()
     return None if row is None else {"id": row[0], "name": row[1], "email": row[2]}
 
 
@@ -191,7 +195,9 @@ async def max_concurrent_queries(pool) -> int:
     """The most ``slow_product`` queries that were running at the same moment, from their logged intervals."""
     async with pool.connection() as conn:
         rows = await (
-            await conn.execute("SELECT started_at, coalesce(finished_at, clock_timestamp()) FROM ch04_query_log")
+            await conn.execute(
+                "SELECT started_at, coalesce(finished_at, clock_timestamp()) FROM ch04_query_log"
+            )
         ).fetchall()
     events = sorted([(s, 1) for s, _ in rows] + [(f, -1) for _, f in rows], key=lambda e: (e[0], e[1]))
     running = peak = 0
@@ -251,7 +257,9 @@ class Run:
     note: str = ""
     expiries: float = 1.0  # how many times the value expired (or TTL periods passed) during the run
     load_ms: float = 0.0  # how long one load takes: a request slower than half of it waited for the database
-    blocked: int | None = None  # requests the cache itself saw wait for a load (overrides the latency estimate)
+    blocked: int | None = (
+        None  # requests the cache itself saw wait for a load (overrides the latency estimate)
+    )
 
     @property
     def per_expiry(self) -> float:
@@ -295,7 +303,9 @@ async def timed_burst(n: int, call: Callable[[], Awaitable[Any]]) -> tuple[list[
     return [v for v, _ in pairs], [ms for _, ms in pairs], time.perf_counter() - t0
 
 
-async def stampede(pool, redis, strategy: str, *, n: int = 50, load_seconds: float = 0.2, product_id: int = 1) -> Run:
+async def stampede(
+    pool, redis, strategy: str, *, n: int = 50, load_seconds: float = 0.2, product_id: int = 1
+) -> Run:
     """``n`` concurrent requests for a hot key that just expired, under one strategy.
 
     ``strategy``: ``"none"`` (plain cache-aside), ``"single-flight"``, ``"serve-stale"``
@@ -319,8 +329,14 @@ async def stampede(pool, redis, strategy: str, *, n: int = 50, load_seconds: flo
     _, latencies, seconds = await timed_burst(n, lambda: cache.get(key, loader))
     if isinstance(cache, ServeStale):
         await cache.drain()
-    names = {"none": "no protection", "single-flight": "single-flight", "serve-stale": "serve stale, refresh behind"}
-    return Run(names[strategy], await db_queries(pool) - before, latencies, seconds, load_ms=load_seconds * 1000)
+    names = {
+        "none": "no protection",
+        "single-flight": "single-flight",
+        "serve-stale": "serve stale, refresh behind",
+    }
+    return Run(
+        names[strategy], await db_queries(pool) - before, latencies, seconds, load_ms=load_seconds * 1000
+    )
 
 
 async def steady_traffic(
@@ -375,7 +391,9 @@ async def steady_traffic(
     return run, sorted(points)
 
 
-async def cancel_a_waiter(pool, *, shielded: bool, waiters: int = 10, load_seconds: float = 0.1) -> tuple[Counter, int]:
+async def cancel_a_waiter(
+    pool, *, shielded: bool, waiters: int = 10, load_seconds: float = 0.1
+) -> tuple[Counter, int]:
     """``waiters`` callers share one load of a product; the first is cancelled halfway through it.
 
     The callers await the shared task directly, or through ``asyncio.shield``. Returns what the
@@ -503,7 +521,13 @@ class RaceResult:
 
 
 async def read_then_set_race(
-    redis, pool, product_id: int = 5, *, fix: str = "none", ttl: float = 300.0, second_delete_after: float = 0.2
+    redis,
+    pool,
+    product_id: int = 5,
+    *,
+    fix: str = "none",
+    ttl: float = 300.0,
+    second_delete_after: float = 0.2,
 ) -> RaceResult:
     """Reproduce the read-then-set race step by step (the order is forced with events).
 
@@ -538,7 +562,9 @@ async def read_then_set_race(
             await second_done.wait()
         if versioned:
             ok = await versioned_set(redis, key, row["version"], row, ttl)
-            note(f"reader: versioned fill with version {row['version']}: {'stored' if ok else 'refused, older'}")
+            note(
+                f"reader: versioned fill with version {row['version']}: {'stored' if ok else 'refused, older'}"
+            )
         else:
             await redis.set(key, to_json(row), px=jittered_ms(ttl))
             note(f"reader: SET price {row['price_cents']} with a {ttl:g} s TTL")
@@ -562,7 +588,9 @@ async def read_then_set_race(
             await asyncio.sleep(second_delete_after)
             if fix == "double-delete":
                 stale = await redis.get(key)
-                note(f"... for {second_delete_after * 1000:.0f} ms the cache served {json.loads(stale)['price_cents']}")
+                note(
+                    f"... for {second_delete_after * 1000:.0f} ms the cache served {json.loads(stale)['price_cents']}"
+                )
             await redis.delete(key)
             note(f"writer: second DEL, {second_delete_after * 1000:.0f} ms later")
             second_done.set()

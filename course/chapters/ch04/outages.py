@@ -79,13 +79,17 @@ async def fencing_demo(redis, pool, *, fenced: bool, lock_ttl: float = 0.2) -> F
                     (who, token, token),
                 )
             else:
-                cur = await conn.execute("UPDATE ch04_reports SET written_by = %s WHERE name = 'nightly'", (who,))
+                cur = await conn.execute(
+                    "UPDATE ch04_reports SET written_by = %s WHERE name = 'nightly'", (who,)
+                )
         return cur.rowcount == 1
 
     async def client_1() -> None:
         lock = RedisLock(redis, name, ttl=lock_ttl, fencing=True)
         await lock.acquire()
-        note(f"client 1 takes the lock (token {lock.fence}, expires in {lock_ttl * 1000:.0f} ms), then pauses")
+        note(
+            f"client 1 takes the lock (token {lock.fence}, expires in {lock_ttl * 1000:.0f} ms), then pauses"
+        )
         await second_wrote.wait()  # the pause outlives the lock
         ok = await write("client 1", lock.fence)
         verdict = "accepted" if ok else "REFUSED (token too old)"
@@ -105,7 +109,9 @@ async def fencing_demo(redis, pool, *, fenced: bool, lock_ttl: float = 0.2) -> F
 
     await asyncio.gather(client_1(), client_2())
     async with pool.connection() as conn:
-        row = await (await conn.execute("SELECT written_by FROM ch04_reports WHERE name = 'nightly'")).fetchone()
+        row = await (
+            await conn.execute("SELECT written_by FROM ch04_reports WHERE name = 'nightly'")
+        ).fetchone()
     run.written_by = row[0]
     return run
 

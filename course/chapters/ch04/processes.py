@@ -98,7 +98,9 @@ async def stampede_across_processes(
             seconds = time.perf_counter() - t0
             name = f"Redis lock, {workers} processes" if lock else f"single-flight only, {workers} processes"
             queries = await db_queries(pool) - before
-            runs.append(Run(name, queries, latencies, seconds, f"{rounds} expiries", rounds, load_seconds * 1000))
+            runs.append(
+                Run(name, queries, latencies, seconds, f"{rounds} expiries", rounds, load_seconds * 1000)
+            )
     finally:
         for w in range(workers):
             await redis.rpush(f"{tag}:go:{w}", json.dumps({"stop": True}))
@@ -122,7 +124,9 @@ async def _stampede_worker(spec: dict) -> None:
     from psycopg_pool import AsyncConnectionPool
 
     redis = aioredis.Redis.from_url(spec["redis_url"], decode_responses=True)
-    pool = AsyncConnectionPool(spec["database_url"], min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
+    pool = AsyncConnectionPool(
+        spec["database_url"], min_size=1, max_size=2, open=False, kwargs={"autocommit": True}
+    )
     await pool.open(wait=True)
     key, tag, w = spec["key"], spec["tag"], spec["worker"]
     loader = product_loader(pool, int(key.split(":")[1]), spec["load_seconds"])
@@ -193,7 +197,9 @@ async def _write_behind_worker(spec: dict) -> None:
     from psycopg_pool import AsyncConnectionPool
 
     redis = aioredis.Redis.from_url(spec["redis_url"], decode_responses=True)
-    pool = AsyncConnectionPool(spec["database_url"], min_size=1, max_size=1, open=False, kwargs={"autocommit": True})
+    pool = AsyncConnectionPool(
+        spec["database_url"], min_size=1, max_size=1, open=False, kwargs={"autocommit": True}
+    )
     await pool.open(wait=True)
     cache = WriteBehind(redis, lambda b: insert_orders(pool, b), prefix="order", batch=spec["batch"])
     for i in range(spec["orders"]):

@@ -66,7 +66,9 @@ async def fresh_stream(pool, redis, stream: str, group: str = "workers") -> tupl
     lease = mq.lease_key(stream, group)
     await redis.delete(stream, dlq, lease, f"{lease}:fence")
     async with pool.connection() as conn:
-        await conn.execute("TRUNCATE ch05_applied, mq_parked, mq_blocked_keys, mq_processed, mq_fence, ch05_orders")
+        await conn.execute(
+            "TRUNCATE ch05_applied, mq_parked, mq_blocked_keys, mq_processed, mq_fence, ch05_orders"
+        )
     await mq.ensure_group(redis, stream, group)
     return stream, dlq
 
@@ -82,7 +84,9 @@ async def publish(redis, stream: str, specs, *, body=None) -> list[str]:
 async def applied(pool, stream: str) -> list[str]:
     """Message ids the demo handlers committed on ``stream``, in commit order."""
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT message_id FROM ch05_applied WHERE stream = %s ORDER BY n", (stream,))
+        cur = await conn.execute(
+            "SELECT message_id FROM ch05_applied WHERE stream = %s ORDER BY n", (stream,)
+        )
         return [m for (m,) in await cur.fetchall()]
 
 
@@ -115,7 +119,9 @@ async def live_errors(database_url: str) -> list[tuple[str, BaseException]]:
     from course.kit.faults import http_errors
 
     out: list[tuple[str, BaseException]] = []
-    for step, err in await http_errors(("429", "503", "502", "504", "reset", "400", "404", "422"), timeout=0.3):
+    for step, err in await http_errors(
+        ("429", "503", "502", "504", "reset", "400", "404", "422"), timeout=0.3
+    ):
         out.append((f"HTTP dependency: {step}", err))
     try:
         await asyncio.wait_for(asyncio.sleep(1), 0.01)
@@ -172,7 +178,9 @@ async def wasted_on_permanent(attempts: int = 5) -> dict:
         policy = RetryPolicy(attempts, None, FullJitter(0.1, 2.0), retryable)
         state = RetryState()
         try:
-            await retry_call(handler, policy, clock=clock, sleep=clock.sleep, rand=random.Random(5).random, state=state)
+            await retry_call(
+                handler, policy, clock=clock, sleep=clock.sleep, rand=random.Random(5).random, state=state
+            )
         except mq.MalformedMessage:
             pass
         out[name] = {"calls": calls, "waited_s": round(clock(), 3), "gave_up": state.gave_up}
@@ -221,7 +229,9 @@ async def kill_runs(ns, pool, redis, stream: str, cases=CRASHES) -> list[CrashRu
     runs = []
     try:
         for n, (ack, hang_at) in enumerate(cases):
-            runs.append(await _kill_and_take_over(pool, redis, proc, cfgs[n], CrashRun(ack, hang_at), f"{n}/"))
+            runs.append(
+                await _kill_and_take_over(pool, redis, proc, cfgs[n], CrashRun(ack, hang_at), f"{n}/")
+            )
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -304,7 +314,9 @@ async def five_orders(pool, redis, stream: str, *, ordered: bool) -> dict[str, d
             if stage:
                 marks[event["message_id"]][stage] = ms()
 
-        await mq.ordered_consumer(pool, redis, handle, stream=stream, group="workers", consumer="c", dlq=dlq, log=log)
+        await mq.ordered_consumer(
+            pool, redis, handle, stream=stream, group="workers", consumer="c", dlq=dlq, log=log
+        )
         return marks
 
     reply = await redis.xreadgroup("workers", "c", {stream: ">"}, count=10)
@@ -336,7 +348,13 @@ def plot_five_orders(runs: dict[str, dict], ax=None):
 
     if ax is None:
         _, ax = plotting.figure(9, 2.8)
-    colors = {"publish": "#7f8c8d", "deliver": "#8e44ad", "start": "#2980b9", "finish": "#f39c12", "commit": "#27ae60"}
+    colors = {
+        "publish": "#7f8c8d",
+        "deliver": "#8e44ad",
+        "start": "#2980b9",
+        "finish": "#f39c12",
+        "commit": "#27ae60",
+    }
     rows = []
     for title, marks in runs.items():
         for mid in ("A-1", "A-2"):
@@ -436,7 +454,9 @@ def plot_head_of_line(results: list[dict], ax=None):
 # ----------------------------------------------------------------------------- a retry queue reorders
 
 
-async def retry_queue_consumer(pool, redis, handle, *, stream: str, group: str = "workers", delay: float = 0.05):
+async def retry_queue_consumer(
+    pool, redis, handle, *, stream: str, group: str = "workers", delay: float = 0.05
+):
     """THE BUG (do not copy): a failed message goes to a separate retry stream and the main
     stream moves on; a retry worker re-drives it after ``delay``. Fine for independent
     messages; for one key, its later messages commit before it."""
@@ -522,7 +542,9 @@ def order_handler(stream: str, *, flaky: dict | None = None, schemas: tuple[str,
 
 async def order_states(pool, keys) -> dict[str, str]:
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT id, state FROM ch05_orders WHERE id = ANY(%s) ORDER BY id", (list(keys),))
+        cur = await conn.execute(
+            "SELECT id, state FROM ch05_orders WHERE id = ANY(%s) ORDER BY id", (list(keys),)
+        )
         return dict(await cur.fetchall())
 
 
@@ -608,12 +630,15 @@ async def throttled_replay(pool, redis, stream: str, *, keys: int = 6, per_secon
     )
     before = await mq.metrics(pool, redis, stream=stream, group="workers", dlq=dlq)
     t0 = time.perf_counter()
-    done = await mq.replay_blocked(pool, redis, recorder(stream), stream=stream, dlq=dlq, per_second=per_second)
+    done = await mq.replay_blocked(
+        pool, redis, recorder(stream), stream=stream, dlq=dlq, per_second=per_second
+    )
     seconds = time.perf_counter() - t0
     after = await mq.metrics(pool, redis, stream=stream, group="workers", dlq=dlq)
     order = await applied(pool, stream)
     in_order = all(
-        [m for m in order if m.startswith(f"R{k}-")] == [f"R{k}-{s}" for s in range(1, 4)] for k in range(keys)
+        [m for m in order if m.startswith(f"R{k}-")] == [f"R{k}-{s}" for s in range(1, 4)]
+        for k in range(keys)
     )
     return {"before": before, "after": after, "replayed": done, "seconds": seconds, "in_order": in_order}
 
@@ -688,7 +713,9 @@ def order_claims(events: list[dict], states: dict[str, str]) -> list[dict]:
         dict(
             claim="order-1's payment, refused twice with a 503, is retried and applied, and order-1 ships",
             measured=f"{retries} retries of order-1-2; order-1 is {states.get('order-1')!r}",
-            held=retries == 2 and outcome.get("order-1-2") == "applied" and states.get("order-1") == "shipped",
+            held=retries == 2
+            and outcome.get("order-1-2") == "applied"
+            and states.get("order-1") == "shipped",
         ),
         dict(
             claim="order-2 does not wait for order-1's retries: its message is applied before order-1's payment",

@@ -114,12 +114,24 @@ async def _owner_paused(pool, redis, stream: str) -> dict:
     unreachable = recorder(stream, fail={"K-1": 99})  # a's network to the dependency is down
     a = asyncio.create_task(
         mq.ordered_consumer(
-            pool, redis, unreachable, stream=stream, group=GROUP, consumer="a", dlq=dlq, policy=policy, sleep=frozen
+            pool,
+            redis,
+            unreachable,
+            stream=stream,
+            group=GROUP,
+            consumer="a",
+            dlq=dlq,
+            policy=policy,
+            sleep=frozen,
         )
     )
     await asyncio.wait_for(paused.wait(), 10)
-    await redis.delete(mq.lease_key(stream, GROUP))  # what Redis does when a's lease runs out during the pause
-    b = await mq.ordered_consumer(pool, redis, recorder(stream), stream=stream, group=GROUP, consumer="b", dlq=dlq)
+    await redis.delete(
+        mq.lease_key(stream, GROUP)
+    )  # what Redis does when a's lease runs out during the pause
+    b = await mq.ordered_consumer(
+        pool, redis, recorder(stream), stream=stream, group=GROUP, consumer="b", dlq=dlq
+    )
     resume.set()
     old = await a
     async with pool.connection() as conn:
@@ -162,7 +174,14 @@ async def killer_restarts(pool, redis, stream: str, *, max_deliveries: int | Non
     for _ in range(restarts):
         await redis.delete(mq.lease_key(stream, GROUP))  # the dead process's lease has run out
         run = mq.ordered_consumer(
-            pool, redis, killer, stream=stream, group=GROUP, consumer="c", dlq=dlq, max_deliveries=max_deliveries
+            pool,
+            redis,
+            killer,
+            stream=stream,
+            group=GROUP,
+            consumer="c",
+            dlq=dlq,
+            max_deliveries=max_deliveries,
         )
         if await _killed(run) is not None:
             break

@@ -133,7 +133,9 @@ class CrashPlan:
     async def install(cls, conn, tables) -> CrashPlan:
         await conn.execute(SCHEMA)
         for table in tables:
-            await conn.execute(sql.SQL("DROP TRIGGER IF EXISTS ch06_crash ON {}").format(sql.Identifier(table)))
+            await conn.execute(
+                sql.SQL("DROP TRIGGER IF EXISTS ch06_crash ON {}").format(sql.Identifier(table))
+            )
             await conn.execute(
                 sql.SQL(
                     "CREATE TRIGGER ch06_crash BEFORE INSERT OR UPDATE OR DELETE ON {} "
@@ -201,15 +203,21 @@ class CrashPlan:
         run = self._run(order)[0]
         cur = await self.conn.execute("SELECT ch06_crash_count(%s)", (run,))
         count = int((await cur.fetchone())[0])
-        cur = await self.conn.execute("SELECT n, what FROM ch06_crash_trace WHERE run = %s ORDER BY n", (run,))
+        cur = await self.conn.execute(
+            "SELECT n, what FROM ch06_crash_trace WHERE run = %s ORDER BY n", (run,)
+        )
         names = dict(await cur.fetchall())
         await self.conn.execute("DELETE FROM ch06_crash_plan WHERE run = %s", (run,))
         return [names.get(n, "a write whose transaction rolled back") for n in range(1, count + 1)]
 
     async def flaky(self, point: str, failures: int) -> None:
         """The next ``failures`` refunds (``point="refund"``) or stock returns (``"release"``) fail with 40001."""
-        await self.conn.execute("UPDATE ch06_flaky_plan SET failures = %s WHERE point = %s", (failures, point))
-        await self.conn.execute(sql.SQL("SELECT setval({}, 1, false)").format(sql.Literal(f"ch06_flaky_{point}")))
+        await self.conn.execute(
+            "UPDATE ch06_flaky_plan SET failures = %s WHERE point = %s", (failures, point)
+        )
+        await self.conn.execute(
+            sql.SQL("SELECT setval({}, 1, false)").format(sql.Literal(f"ch06_flaky_{point}"))
+        )
 
     async def flaky_fired(self, point: str) -> int:
         """How many injected transient failures of ``point`` have fired since :meth:`flaky`."""

@@ -47,7 +47,9 @@ async def order_event(pool, order_id: str, status: str, event_type: str) -> int:
     """
     async with pool.connection() as conn, conn.transaction():
         await conn.execute("UPDATE ch06_orders SET status = %s WHERE order_id = %s", (status, order_id))
-        return await outbox.enqueue(conn, "order", order_id, event_type, {"order_id": order_id, "status": status})
+        return await outbox.enqueue(
+            conn, "order", order_id, event_type, {"order_id": order_id, "status": status}
+        )
 
 
 def _event(order: dict) -> dict[str, str]:
@@ -81,7 +83,9 @@ async def orders_and_events(pool, redis, stream: str, order_ids) -> list[tuple[s
     for _, f in entries:
         counts[f.get("aggregate_id", "")] += 1
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT order_id FROM ch06_orders WHERE order_id = ANY(%s)", (list(order_ids),))
+        cur = await conn.execute(
+            "SELECT order_id FROM ch06_orders WHERE order_id = ANY(%s)", (list(order_ids),)
+        )
         rows = {r[0] for r in await cur.fetchall()}
     return [(oid, oid in rows, counts[oid]) for oid in order_ids]
 
@@ -104,7 +108,8 @@ async def relay_skip_locked(pool, redis, stream: str, *, limit: int = 100) -> in
         await outbox.publish(redis, stream, rows)
         if rows:
             await conn.execute(
-                "UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY(%s)", ([r[0] for r in rows],)
+                "UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY(%s)",
+                ([r[0] for r in rows],),
             )
     return len(rows)
 
@@ -213,7 +218,9 @@ async def settle(watcher, tasks, *, limit: float = 2.0) -> bool:
         await asyncio.sleep(0.005)
 
 
-async def interleaved_orders(pool, aggregates: int = 6, per_aggregate: int = 3, prefix: str = "o") -> list[str]:
+async def interleaved_orders(
+    pool, aggregates: int = 6, per_aggregate: int = 3, prefix: str = "o"
+) -> list[str]:
     """``aggregates`` orders, then their later events round-robin: ids alternate between orders."""
     ids = [f"{prefix}-{i + 1}" for i in range(aggregates)]
     for i, oid in enumerate(ids):
@@ -225,7 +232,9 @@ async def interleaved_orders(pool, aggregates: int = 6, per_aggregate: int = 3, 
     return ids
 
 
-async def ordering_race(pool, watcher, first, second, stream: str, *, limit: int = 4, rounds: int = 30) -> dict:
+async def ordering_race(
+    pool, watcher, first, second, stream: str, *, limit: int = 4, rounds: int = 30
+) -> dict:
     """Two relays at once, the first held at its first publish until the second is done or blocked.
 
     ``first`` and ``second`` are ``(relay, redis)`` pairs, ``relay(pool, redis, stream, limit=)``.
@@ -252,7 +261,9 @@ async def ordering_race(pool, watcher, first, second, stream: str, *, limit: int
     probe_a.release()
     await asyncio.gather(task_a, task_b, return_exceptions=True)
     for _ in range(rounds):
-        got = await asyncio.gather(call("A", relay_a, probe_a), call("B", relay_b, probe_b), return_exceptions=True)
+        got = await asyncio.gather(
+            call("A", relay_a, probe_a), call("B", relay_b, probe_b), return_exceptions=True
+        )
         if all(g == 0 for g in got if not isinstance(g, BaseException)):
             break
     return {"entries": await probe_a.xrange(stream), "calls": calls}
@@ -348,7 +359,14 @@ async def relay_latency(
     else:
         relay = asyncio.ensure_future(
             outbox.relay_forever(
-                pool, redis, stream, interval=interval, stop=stop, limit=50, relay=relay_skip_locked, sleep=nap
+                pool,
+                redis,
+                stream,
+                interval=interval,
+                stop=stop,
+                limit=50,
+                relay=relay_skip_locked,
+                sleep=nap,
             )
         )
     run = f"lat-{interval}-{time.monotonic_ns()}-"  # this call's order ids

@@ -25,7 +25,9 @@ def lock_hold(blocked_s: float, saga_ms: list[float], operator_after: float):
     ax.set_xlabel("ms the next buyer of the same book waited (log scale)")
     for bar, v in zip(bars, values, strict=True):
         ax.text(v * 1.1, bar.get_y() + bar.get_height() / 2, f"{v:,.1f} ms", va="center", fontsize=9)
-    ax.set_title(f"one row, locked until an operator acted ({operator_after:g} s here; hours in real outages)")
+    ax.set_title(
+        f"one row, locked until an operator acted ({operator_after:g} s here; hours in real outages)"
+    )
     ax.set_xlim(right=max(values) * 8)
     return fig
 
@@ -83,12 +85,16 @@ def timeline(run: dict):
                     edgecolor="white",
                 )
         samples = pages[oid]
-        for (t, status), (t_next, _) in zip(samples, samples[1:] + [(samples[-1][0] + 0.02, None)], strict=True):
+        for (t, status), (t_next, _) in zip(
+            samples, samples[1:] + [(samples[-1][0] + 0.02, None)], strict=True
+        ):
             ax.barh(y + 0.28, t_next - t, left=t, height=0.16, color=page_colors.get(status, "#ccc"))
     ax.set_yticks(range(len(orders)), [f"{o}\n({run['results'][o]})" for o in orders], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds (each remote call slowed to show the window)")
-    ax.set_title("a saga in flight: the thin bar is what the customer's order page says", fontsize=10, loc="left")
+    ax.set_title(
+        "a saga in flight: the thin bar is what the customer's order page says", fontsize=10, loc="left"
+    )
     from matplotlib.patches import Patch
 
     handles = [Patch(color=c, label=s.replace("_", " ")) for s, c in step_colors.items()]
@@ -117,7 +123,15 @@ def stream_order(races: dict[str, list[tuple[str, int]]]):
             ax.plot([p for p, _ in points], [y] * len(points), color="#ccc", zorder=1)
             for x, eid in points:
                 ax.scatter([x], [y], s=170, color=COLORS["bad"] if bad else COLORS["ok"], zorder=2)
-                ax.text(x, y, str(sorted(set(ids)).index(eid) + 1), ha="center", va="center", fontsize=8, color="white")
+                ax.text(
+                    x,
+                    y,
+                    str(sorted(set(ids)).index(eid) + 1),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white",
+                )
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.set_xlabel("position in the stream")
         ax.set_title(title, fontsize=10, loc="left")
@@ -164,7 +178,9 @@ def wal(points: list[tuple[int, int, int]]):
     mb = 1 / (1024 * 1024)
     written = [p[0] * mb for p in points]
     ax.plot(written, [p[1] * mb for p in points], "o-", color=COLORS["bad"], label="slot nobody reads")
-    ax.plot(written, [p[2] * mb for p in points], "s-", color=COLORS["ok"], label="slot read after each round")
+    ax.plot(
+        written, [p[2] * mb for p in points], "s-", color=COLORS["ok"], label="slot read after each round"
+    )
     ax.set_xlabel("WAL written since the slots were created (MB)")
     ax.set_ylabel("WAL the slot holds back (MB)")
     legend_outside(ax)

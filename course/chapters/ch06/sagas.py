@@ -160,7 +160,8 @@ async def timeline(pool, orders: list[dict], *, delay: float = 0.15, poll: float
         return call
 
     steps = [
-        saga.Step(s.name, timed(s.name, "do", s.action), timed(s.name, "undo", s.compensation)) for s in shop.ORDER_SAGA
+        saga.Step(s.name, timed(s.name, "do", s.action), timed(s.name, "undo", s.compensation))
+        for s in shop.ORDER_SAGA
     ]
     pages: dict[str, list[tuple[float, str]]] = {o["order_id"]: [] for o in orders}
     running = True
@@ -174,12 +175,18 @@ async def timeline(pool, orders: list[dict], *, delay: float = 0.15, poll: float
 
     watcher = asyncio.ensure_future(watch())
     try:
-        results = await asyncio.gather(*(saga.Orchestrator(steps).run(pool, o["order_id"], o) for o in orders))
+        results = await asyncio.gather(
+            *(saga.Orchestrator(steps).run(pool, o["order_id"], o) for o in orders)
+        )
         await asyncio.sleep(2 * poll)
     finally:
         running = False
         await watcher
-    return {"spans": spans, "pages": pages, "results": dict(zip([o["order_id"] for o in orders], results, strict=True))}
+    return {
+        "spans": spans,
+        "pages": pages,
+        "results": dict(zip([o["order_id"] for o in orders], results, strict=True)),
+    }
 
 
 # ----------------------------------------------------------------------------- the missing isolation

@@ -215,7 +215,8 @@ async def refund_payment(pool, order: dict) -> None:
         row = await cur.fetchone()
         if row is not None:
             await conn.execute(
-                "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s", (row[1], row[0])
+                "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s",
+                (row[1], row[0]),
             )
 
 
@@ -253,7 +254,13 @@ async def effects(pool, order: dict) -> dict:
             {"id": order["order_id"], "sku": order["sku"], "customer": order["customer"]},
         )
         reservation, payment, shipment, stock, wallet = await cur.fetchone()
-    return {"reservation": reservation, "payment": payment, "shipment": shipment, "stock": stock, "wallet": wallet}
+    return {
+        "reservation": reservation,
+        "payment": payment,
+        "shipment": shipment,
+        "stock": stock,
+        "wallet": wallet,
+    }
 
 
 async def effects_of(pool, orders: list[dict]) -> list[dict]:
@@ -293,11 +300,15 @@ def outcome(order: dict, before: dict, after: dict) -> tuple[str, list[str]]:
     }
     problems = []
     if live["reserved"] and stock != -order["qty"]:
-        problems.append(f"stock moved by {stock:+d} with the reservation in force (expected {-order['qty']:+d})")
+        problems.append(
+            f"stock moved by {stock:+d} with the reservation in force (expected {-order['qty']:+d})"
+        )
     if not live["reserved"] and stock != 0:
         problems.append(f"stock moved by {stock:+d} with no reservation in force (expected +0)")
     if live["charged"] and wallet != -order["amount_cents"]:
-        problems.append(f"wallet moved by {wallet:+d} with the payment in force (expected {-order['amount_cents']:+d})")
+        problems.append(
+            f"wallet moved by {wallet:+d} with the payment in force (expected {-order['amount_cents']:+d})"
+        )
     if not live["charged"] and wallet != 0:
         problems.append(f"wallet moved by {wallet:+d} with no payment in force (expected +0)")
     if problems:

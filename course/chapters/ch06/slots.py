@@ -60,9 +60,13 @@ async def commit_order(dsn: str, namespace: str, redis, stream: str) -> dict:
             cur = await admin.execute("SELECT coalesce(max(id), 0) FROM outbox")
             cursor = (await cur.fetchone())[0]
             await t1.execute("BEGIN")
-            id1 = await outbox.enqueue(t1, "order", "cdc-A", "OrderPlaced", {"order_id": "cdc-A", "amount_cents": 100})
+            id1 = await outbox.enqueue(
+                t1, "order", "cdc-A", "OrderPlaced", {"order_id": "cdc-A", "amount_cents": 100}
+            )
             await t2.execute("BEGIN")
-            id2 = await outbox.enqueue(t2, "order", "cdc-B", "OrderPlaced", {"order_id": "cdc-B", "amount_cents": 200})
+            id2 = await outbox.enqueue(
+                t2, "order", "cdc-B", "OrderPlaced", {"order_id": "cdc-B", "amount_cents": 200}
+            )
             await t2.execute("COMMIT")
             cur = await admin.execute("SELECT id FROM outbox WHERE id > %s ORDER BY id", (cursor,))
             first_poll = [r[0] for r in await cur.fetchall()]
@@ -78,7 +82,11 @@ async def commit_order(dsn: str, namespace: str, redis, stream: str) -> dict:
                 cursor_polls=(first_poll, second_poll),
                 unpublished=[r[0] for r in await cur.fetchall()],
                 slot=[
-                    (t.xid, t.commit_lsn, [(op, tbl, row["id"], row["aggregate_id"]) for op, tbl, row in t.changes])
+                    (
+                        t.xid,
+                        t.commit_lsn,
+                        [(op, tbl, row["id"], row["aggregate_id"]) for op, tbl, row in t.changes],
+                    )
                     for t in await cdc.read(admin, slot, publication, peek=True)
                 ],
             )
@@ -132,7 +140,9 @@ async def wal_retention(dsn: str, namespace: str, *, rounds: int = 6, rows: int 
                 cur = await conn.execute("SELECT pg_current_wal_lsn()::text")
                 now = (await cur.fetchone())[0]
                 await _read_up_to_now(conn, read)
-                cur = await conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (now, start))
+                cur = await conn.execute(
+                    "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint", (now, start)
+                )
                 written = (await cur.fetchone())[0]
                 held = {}
                 for slot in (idle, read):

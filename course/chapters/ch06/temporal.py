@@ -140,7 +140,9 @@ async def run_demo(pool, orders: list[dict], crash_order: dict) -> dict:
             }
             out["run_s"] = time.perf_counter() - t1
         history = await client.get_workflow_handle(f"order-{orders[-1]['order_id']}").fetch_history()
-        out["history"] = [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_").lower() for e in history.events]
+        out["history"] = [
+            EventType.Name(e.event_type).removeprefix("EVENT_TYPE_").lower() for e in history.events
+        ]
 
         first = ShopActivities(pool, slow={"charge_payment": 0.5})
         worker = Worker(
@@ -155,12 +157,17 @@ async def run_demo(pool, orders: list[dict], crash_order: dict) -> dict:
             OrderSaga.run, crash_order, id=f"order-{crash_order['order_id']}", task_queue=TASK_QUEUE
         )
         t2 = time.perf_counter()
-        while ("charge_payment", crash_order["order_id"]) not in first.calls and time.perf_counter() - t2 < 10:
+        while (
+            "charge_payment",
+            crash_order["order_id"],
+        ) not in first.calls and time.perf_counter() - t2 < 10:
             await asyncio.sleep(0.01)
         await worker.shutdown()  # the worker dies with the payment in flight
         await asyncio.gather(running, return_exceptions=True)
         second = ShopActivities(pool)
-        async with Worker(client, task_queue=TASK_QUEUE, workflows=[OrderSaga], activities=second.activities()):
+        async with Worker(
+            client, task_queue=TASK_QUEUE, workflows=[OrderSaga], activities=second.activities()
+        ):
             out["crash_result"] = await handle.result()
         out["crash_s"] = time.perf_counter() - t2
         out["first_worker"] = [name for name, oid in first.calls if oid == crash_order["order_id"]]

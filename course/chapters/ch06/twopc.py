@@ -38,7 +38,8 @@ async def clear(dsn: str, prefix: str) -> list[str]:
     """Roll back this namespace's prepared transactions; their names."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(
-            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE %s", (prefix + "%",)
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE %s",
+            (prefix + "%",),
         )
         gids = [row[0] for row in await cur.fetchall()]
         for gid in gids:
@@ -64,7 +65,9 @@ async def _participants(dsn: str):
 
 
 RESERVE = "UPDATE ch06_stock SET available = available - %s WHERE sku = %s AND available >= %s"
-CHARGE = "UPDATE ch06_wallets SET balance_cents = balance_cents - %s WHERE customer = %s AND balance_cents >= %s"
+CHARGE = (
+    "UPDATE ch06_wallets SET balance_cents = balance_cents - %s WHERE customer = %s AND balance_cents >= %s"
+)
 
 
 async def prepared_now(conn, prefix: str) -> list[tuple]:
@@ -100,7 +103,9 @@ async def two_phase_commit(dsn: str, order: dict, prefix: str) -> dict:
     return {"phase1_ms": (t1 - t0) * 1000, "phase2_ms": (t2 - t1) * 1000, "prepared": between}
 
 
-async def coordinator_dies(dsn: str, order: dict, other: dict, prefix: str, *, operator_after: float = 1.0) -> dict:
+async def coordinator_dies(
+    dsn: str, order: dict, other: dict, prefix: str, *, operator_after: float = 1.0
+) -> dict:
     """Both participants prepare, then the coordinator dies. Another customer's order waits on the
     stock row until an operator commits the prepared transactions ``operator_after`` seconds later.
 
@@ -143,7 +148,9 @@ async def coordinator_dies(dsn: str, order: dict, other: dict, prefix: str, *, o
             seen["sessions"] = (await cur.fetchone())[0]  # sessions running the prepared transactions: none
             pid = customer.info.backend_pid
             start = time.perf_counter()
-            blocked = asyncio.ensure_future(customer.execute(RESERVE, (other["qty"], other["sku"], other["qty"])))
+            blocked = asyncio.ensure_future(
+                customer.execute(RESERVE, (other["qty"], other["sku"], other["qty"]))
+            )
             await asyncio.sleep(min(0.3, operator_after / 2))
             cur = await watch.execute(
                 "SELECT state, wait_event_type, wait_event, pg_blocking_pids(pid), "

@@ -89,13 +89,17 @@ async def dual_write_run(pool, *, docs: int, waves: int, crash_rate: float, run:
             return  # the process died after the commit: the index never hears of it
         await asyncio.sleep(delay)
         async with pool.connection() as conn:
-            await conn.execute(UPSERT_LWW, {"doc_id": article_id, "version": version, "title": title, "body": body})
+            await conn.execute(
+                UPSERT_LWW, {"doc_id": article_id, "version": version, "title": title, "body": body}
+            )
 
     for _ in range(waves):
         saves = []
         for _ in range(docs):
             article = f"art-{rng.randrange(docs):03d}"
-            saves.append(save(article, _text(rng, 3), _text(rng, 12), rng.uniform(0, 0.02), rng.random() < crash_rate))
+            saves.append(
+                save(article, _text(rng, 3), _text(rng, 12), rng.uniform(0, 0.02), rng.random() < crash_rate)
+            )
         await asyncio.gather(*saves)
     return {**await drift(pool), "saves": docs * waves, "crashed": crashed}
 
@@ -163,7 +167,12 @@ def stdlib_corpus() -> list[tuple[str, str, str]]:
         for name, obj in sorted(vars(module).items()):
             if name.startswith("_"):
                 continue
-            if not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj) or inspect.ismethod(obj)):
+            if not (
+                inspect.isfunction(obj)
+                or inspect.isclass(obj)
+                or inspect.isbuiltin(obj)
+                or inspect.ismethod(obj)
+            ):
                 continue
             doc = inspect.getdoc(obj)
             if not doc or len(doc) < 20:
@@ -249,7 +258,9 @@ class Tantivy:
         parsed = self.index.parse_query(
             query, ["title", "body"], field_boosts={"title": 2.0}, fuzzy_fields=fuzzy_fields
         )
-        return [self.searcher.doc(address)["doc_id"][0] for _, address in self.searcher.search(parsed, k).hits]
+        return [
+            self.searcher.doc(address)["doc_id"][0] for _, address in self.searcher.search(parsed, k).hits
+        ]
 
 
 def _rank(found: list[str], relevant: set[str]) -> int | None:
@@ -282,7 +293,12 @@ async def compare(pool, corpus, *, repeats: int = 5) -> dict:
             "mrr": sum(1 / r for r in ranks if r) / len(ranks),
             "median_ms": statistics.median(times),
         }
-    return {"docs": len(corpus), "pg_index_s": pg_seconds, "tantivy_index_s": engine.build_seconds, "table": table}
+    return {
+        "docs": len(corpus),
+        "pg_index_s": pg_seconds,
+        "tantivy_index_s": engine.build_seconds,
+        "table": table,
+    }
 
 
 async def _sync(fn, *args, **kwargs):

@@ -73,7 +73,9 @@ def demo(database_url: str, *, deposits: int = 250) -> dict:
         try:
             app.save(second)
             conflict = "saved: the account is overdrawn"
-        except RecordConflictError as err:  # on PostgreSQL it arrives as the package's IntegrityError subclass
+        except (
+            RecordConflictError
+        ) as err:  # on PostgreSQL it arrives as the package's IntegrityError subclass
             conflict = f"{type(err).__name__} (a RecordConflictError): {str(err).splitlines()[0]}"
 
         loaded = app.repository.get(account.id)

@@ -43,7 +43,9 @@ def _derive(key: bytes, purpose: bytes) -> bytes:
 
 
 def _keystream(key: bytes, nonce: bytes, n: int) -> bytes:
-    blocks = (hmac.new(key, nonce + i.to_bytes(8, "big"), hashlib.sha256).digest() for i in range(n // 32 + 1))
+    blocks = (
+        hmac.new(key, nonce + i.to_bytes(8, "big"), hashlib.sha256).digest() for i in range(n // 32 + 1)
+    )
     return b"".join(blocks)[:n]
 
 
@@ -51,7 +53,9 @@ def seal(key: bytes, fields: dict) -> str:
     """``fields`` encrypted and authenticated with ``key``, as base64 text for a JSON event."""
     plain = json.dumps(fields, sort_keys=True).encode()
     nonce = secrets.token_bytes(NONCE)
-    body = bytes(a ^ b for a, b in zip(plain, _keystream(_derive(key, b"enc"), nonce, len(plain)), strict=True))
+    body = bytes(
+        a ^ b for a, b in zip(plain, _keystream(_derive(key, b"enc"), nonce, len(plain)), strict=True)
+    )
     tag = hmac.new(_derive(key, b"mac"), nonce + body, hashlib.sha256).digest()[:TAG]
     return base64.b64encode(nonce + body + tag).decode()
 
@@ -60,7 +64,9 @@ def unseal(key: bytes, token: str) -> dict:
     """The fields :func:`seal` sealed; ``ValueError`` if the text was altered or the key is another."""
     raw = base64.b64decode(token)
     nonce, body, tag = raw[:NONCE], raw[NONCE:-TAG], raw[-TAG:]
-    if not hmac.compare_digest(tag, hmac.new(_derive(key, b"mac"), nonce + body, hashlib.sha256).digest()[:TAG]):
+    if not hmac.compare_digest(
+        tag, hmac.new(_derive(key, b"mac"), nonce + body, hashlib.sha256).digest()[:TAG]
+    ):
         raise ValueError("not sealed with this key")
     return json.loads(
         bytes(a ^ b for a, b in zip(body, _keystream(_derive(key, b"enc"), nonce, len(body)), strict=True))

@@ -55,7 +55,9 @@ async def overdraft_race(pool, database_url: str, stream_id: str, *, n: int = 5,
     ``checked=False`` appends without an expected version; ``checked=True`` uses
     :func:`course.eventstore.execute` (expected version, reload and retry on conflict).
     """
-    await es.append(pool, stream_id, 0, [("AccountOpened", {"owner": "ada"}), ("Deposited", {"amount_cents": 10_000})])
+    await es.append(
+        pool, stream_id, 0, [("AccountOpened", {"owner": "ada"}), ("Deposited", {"amount_cents": 10_000})]
+    )
     conflicts: list[str] = []
 
     async def one():
@@ -111,7 +113,9 @@ def deposit_once(amount_cents: int, key: str):
     return decide
 
 
-async def double_click(pool, database_url: str, stream_id: str, *, keyed: bool, amount_cents: int = 5_000) -> dict:
+async def double_click(
+    pool, database_url: str, stream_id: str, *, keyed: bool, amount_cents: int = 5_000
+) -> dict:
     """One deposit sent twice at once (a double click), through :func:`course.eventstore.execute`.
 
     Both requests load the account before either appends (the rig's gate), so one of them
@@ -126,7 +130,9 @@ async def double_click(pool, database_url: str, stream_id: str, *, keyed: bool, 
     conflicts: list[str] = []
 
     async def click():
-        return await es.execute(pool, stream_id, decide, evolve, on_conflict=lambda err: conflicts.append(str(err)))
+        return await es.execute(
+            pool, stream_id, decide, evolve, on_conflict=lambda err: conflicts.append(str(err))
+        )
 
     results, log = await rig.race(database_url, ["es_events"], [click, click])
     events = await es.read_stream(pool, stream_id)
@@ -174,7 +180,9 @@ async def time_load(pool, stream_id: str, *, snapshots: bool, repeats: int) -> f
     return statistics.median(times)
 
 
-async def fold_vs_length(pool, lengths, *, every: int = 100, repeats: int = 5) -> list[tuple[int, float, float, int]]:
+async def fold_vs_length(
+    pool, lengths, *, every: int = 100, repeats: int = 5
+) -> list[tuple[int, float, float, int]]:
     """``(events, ms without snapshot, ms with a snapshot, events read after the snapshot)``."""
     rows = []
     for n in lengths:
@@ -239,7 +247,9 @@ async def late_commit(database_url: str, pool, *, locked: bool) -> dict:
 
         async def fast():
             if locked:
-                return await es.append(pool, f"late-fast-{locked}-{run}", 0, [("AccountOpened", {"owner": "fast"})])
+                return await es.append(
+                    pool, f"late-fast-{locked}-{run}", 0, [("AccountOpened", {"owner": "fast"})]
+                )
             async with pool.connection() as conn:
                 await conn.execute(
                     "INSERT INTO es_events (stream_id, version, type, data) VALUES (%s, 1, 'AccountOpened', %s)",
@@ -281,7 +291,9 @@ async def lag_trials(pool, *, trials: int, interval: float, wait_timeout: float 
         for _ in range(trials):
             version = await es.execute(pool, stream_id, es.deposit(100), es.account_evolve)
             async with pool.connection() as conn:
-                cur = await conn.execute("SELECT version FROM account_balances WHERE account_id = %s", (stream_id,))
+                cur = await conn.execute(
+                    "SELECT version FROM account_balances WHERE account_id = %s", (stream_id,)
+                )
                 (seen,) = await cur.fetchone()
             stale += seen < version
             t0 = time.perf_counter()
@@ -302,7 +314,9 @@ async def apply_then_checkpoint(pool, events) -> int:
     """A projector with its checkpoint in a **separate** transaction after the rows."""
     events = [projections.as_event(e) for e in events]
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = 'account_balances'")
+        cur = await conn.execute(
+            "SELECT position FROM projection_checkpoints WHERE name = 'account_balances'"
+        )
         (checkpoint,) = await cur.fetchone()
     new = [e for e in events if e.position > checkpoint]
     if not new:
@@ -312,7 +326,8 @@ async def apply_then_checkpoint(pool, events) -> int:
             await projections.apply_balance_event(conn, event)
     async with pool.connection() as conn:  # a crash here: rows committed, checkpoint not
         await conn.execute(
-            "UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'", (new[-1].position,)
+            "UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'",
+            (new[-1].position,),
         )
     return len(new)
 

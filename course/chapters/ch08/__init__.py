@@ -174,7 +174,9 @@ async def measure_cost(redis, make: Callable, limit: int, *, sample: int = 300) 
     for lo in range(n, limit, 1000):
         async with redis.pipeline(transaction=False) as pipe:
             for i in range(lo, min(limit, lo + 1000)):
-                await filler._script(keys=[key], args=[repr(MINUTE + i * step), *filler._args(1)], client=pipe)
+                await filler._script(
+                    keys=[key], args=[repr(MINUTE + i * step), *filler._args(1)], client=pipe
+                )
             await pipe.execute()
     memory = await redis.memory_usage(key, samples=0) or 0
     return Cost(type(limiter).__name__, limit, memory, counting.round_trips / n, commands / n, micros)
@@ -233,7 +235,9 @@ async def _hammer(redis, spec: dict, start: float) -> list[float]:
 async def _worker(spec: dict) -> None:
     import redis.asyncio as aioredis
 
-    redis = aioredis.Redis.from_url(spec["redis_url"], decode_responses=True, socket_timeout=None)  # BLPOP waits
+    redis = aioredis.Redis.from_url(
+        spec["redis_url"], decode_responses=True, socket_timeout=None
+    )  # BLPOP waits
     me, tag = spec["index"], spec["tag"]
     await redis.rpush(f"{tag}:ready", me)
     while True:
@@ -347,7 +351,13 @@ async def processes_sharing_a_limit(
             start = time.time() + 0.1  # time for every worker to read its order
             skews = list(run.get("skews", [0.0] * processes))
             for i in range(processes):
-                spec = {"kind": run["kind"], "key": key, "capacity": capacity, "rate": rate, "seconds": seconds}
+                spec = {
+                    "kind": run["kind"],
+                    "key": key,
+                    "capacity": capacity,
+                    "rate": rate,
+                    "seconds": seconds,
+                }
                 spec.update(start=start, concurrency=4, skew=skews[i])
                 await redis.rpush(f"{tag}:go:{i}", json.dumps(spec))
             per, times = [0] * processes, []
@@ -358,7 +368,9 @@ async def processes_sharing_a_limit(
                 msg = json.loads(got[1])
                 per[msg["index"]] = len(msg["admitted"])
                 times += msg["admitted"]
-            results.append(SharedRun(run["kind"], processes, seconds, capacity, rate, per, sorted(times), skews))
+            results.append(
+                SharedRun(run["kind"], processes, seconds, capacity, rate, per, sorted(times), skews)
+            )
     finally:
         for i in range(processes):
             await redis.rpush(f"{tag}:go:{i}", json.dumps({"stop": True}))
@@ -380,7 +392,12 @@ def plot_shared(runs: list[SharedRun]):
     for ax, run in zip(axes, runs, strict=True):
         xs = [0, run.seconds]
         ax.plot(
-            xs, [run.capacity + run.rate * x for x in xs], "k--", lw=1, zorder=3, label="the bound: capacity + rate x t"
+            xs,
+            [run.capacity + run.rate * x for x in xs],
+            "k--",
+            lw=1,
+            zorder=3,
+            label="the bound: capacity + rate x t",
         )
         over = run.admitted > run.bound
         ax.step(run.times, range(1, len(run.times) + 1), where="post", lw=2,
@@ -456,7 +473,9 @@ def make_app(redis_url: str, capacity: int, rate: float) -> object:
 
 def limits_uri(redis_url: str) -> str:
     """The URI ``limits`` wants for the same Redis (``redis+unix://`` for a socket)."""
-    return "redis+unix://" + redis_url.removeprefix("unix://") if redis_url.startswith("unix://") else redis_url
+    return (
+        "redis+unix://" + redis_url.removeprefix("unix://") if redis_url.startswith("unix://") else redis_url
+    )
 
 
 class _Skewed:
@@ -494,7 +513,9 @@ def limits_skew(storage, limit: str = "5/10 seconds", turns: int = 6, by: float 
     return out
 
 
-async def limits_boundary(storage, strategies, *, limit: str = "5/second", mid: float = 0.7) -> dict[str, Verdicts]:
+async def limits_boundary(
+    storage, strategies, *, limit: str = "5/second", mid: float = 0.7
+) -> dict[str, Verdicts]:
     """One request, four more ``mid`` s later, then five more just after the first one's window has
     passed (1.05 s after the first call returned): what each ``limits`` strategy admitted, and when
     (s after the first request). ``limits`` is synchronous: each call blocks for one round trip."""

@@ -32,7 +32,9 @@ class OutageRun:
     rate: float
     cooldown: float
     timeout: float
-    decisions: list[tuple[float, str, bool]] = field(default_factory=list)  # (s since start, source, admitted)
+    decisions: list[tuple[float, str, bool]] = field(
+        default_factory=list
+    )  # (s since start, source, admitted)
     worst_ms: float = 0.0
 
     def admitted(self, source: str | None = None, slot: float = 0.1) -> Counter:
@@ -195,8 +197,16 @@ def plot_outage(runs: list[OutageRun], *, seconds: float | None = None):
     from course.kit import plotting
 
     fig, axes = plotting.figure(10, 2.8, ncols=len(runs), sharey=True)
-    colors = {"redis": plotting.COLORS["fix"], "local": plotting.COLORS["warn"], "open": plotting.COLORS["bad"]}
-    names = {"redis": "admitted, Redis decided", "local": "admitted by the local bucket", "open": "admitted by 'open'"}
+    colors = {
+        "redis": plotting.COLORS["fix"],
+        "local": plotting.COLORS["warn"],
+        "open": plotting.COLORS["bad"],
+    }
+    names = {
+        "redis": "admitted, Redis decided",
+        "local": "admitted by the local bucket",
+        "open": "admitted by 'open'",
+    }
     end = seconds or max((t for run in runs for t, _, _ in run.decisions), default=1.0)
     slots = range(int(end / 0.1) + 1)
     for ax, run in zip(axes, runs, strict=True):
@@ -211,7 +221,9 @@ def plot_outage(runs: list[OutageRun], *, seconds: float | None = None):
                 bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         ax.axhline(run.rate / 10, color="k", lw=1, linestyle="--", label="the global limit per 100 ms")
         if run.all_back_at is not None:
-            ax.axvline(run.all_back_at, color=plotting.COLORS["ok"], lw=2, label="every replica on Redis again")
+            ax.axvline(
+                run.all_back_at, color=plotting.COLORS["ok"], lw=2, label="every replica on Redis again"
+            )
         ax.set_title(f"{run.mode}: {run.total} admitted", fontsize="medium")
         ax.set_xlabel("seconds")
     axes[0].set_ylabel("admitted per 100 ms")
@@ -322,7 +334,13 @@ async def rate_is_not_concurrency(
 
 
 async def local_in_front(
-    redis, *, replicas: int = 2, capacity: int = 10, rate: float = 10.0, requests: int = 200, seconds: float = 1.0
+    redis,
+    *,
+    replicas: int = 2,
+    capacity: int = 10,
+    rate: float = 10.0,
+    requests: int = 200,
+    seconds: float = 1.0,
 ) -> dict[str, dict[str, int]]:
     """``replicas`` share one Redis token bucket per client. A scraper sends ``requests`` in
     ``seconds`` (round robin over the replicas), a polite client one request per ``1 / rate``

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from course.sharding import HashRing, jump_hash, loads, modulo_node, moved_fraction, rendezvous_node, stable_hash
+from course.sharding import (
+    HashRing,
+    jump_hash,
+    loads,
+    modulo_node,
+    moved_fraction,
+    rendezvous_node,
+    stable_hash,
+)
 
 
 def node_names(n: int) -> list[str]:
@@ -61,7 +69,9 @@ def plot_spread(counts: list[int], spreads: list[float]):
     from course.kit.plotting import COLORS, figure, legend_outside
 
     fig, ax = figure(9, 3)
-    ax.plot(counts, [100 * s for s in spreads], "o-", color=COLORS["fix"], label="measured: worst node vs mean")
+    ax.plot(
+        counts, [100 * s for s in spreads], "o-", color=COLORS["fix"], label="measured: worst node vs mean"
+    )
     ax.axhspan(10, 20, color=COLORS["ok"], alpha=0.15, label="claim at 100-200 vnodes: 10-20 %")
     ax.set_xscale("log")
     ax.set_xlabel("virtual nodes per node (10 nodes)")

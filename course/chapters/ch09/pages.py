@@ -50,7 +50,8 @@ async def offset_page(pool, page: int, limit: int) -> list[tuple]:
     """Page ``page`` (from 0) the way most code starts: ``OFFSET page * limit``."""
     async with pool.connection() as conn:
         cur = await conn.execute(
-            f"SELECT id, created_at, title FROM ch09_posts {NEWEST_FIRST} LIMIT %s OFFSET %s", (limit, page * limit)
+            f"SELECT id, created_at, title FROM ch09_posts {NEWEST_FIRST} LIMIT %s OFFSET %s",
+            (limit, page * limit),
         )
         return await cur.fetchall()
 
@@ -139,17 +140,21 @@ async def page_costs(pool, pages: list[int], limit: int = 20, repeat: int = 3) -
     for page in pages:
         async with pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT created_at, id FROM ch09_posts {NEWEST_FIRST} LIMIT 1 OFFSET %s", (max(page * limit - 1, 0),)
+                f"SELECT created_at, id FROM ch09_posts {NEWEST_FIRST} LIMIT 1 OFFSET %s",
+                (max(page * limit - 1, 0),),
             )
             ts, id_ = await cur.fetchone()
-        by_offset = f"SELECT id, created_at, title FROM ch09_posts {NEWEST_FIRST} LIMIT {limit} OFFSET {page * limit}"
+        by_offset = (
+            f"SELECT id, created_at, title FROM ch09_posts {NEWEST_FIRST} LIMIT {limit} OFFSET {page * limit}"
+        )
         by_key = (
             "SELECT id, created_at, title FROM ch09_posts WHERE (created_at, id) < (%s, %s) "
             f"{NEWEST_FIRST} LIMIT {limit}"
         )
         runs_o = [await explain(pool, by_offset) for _ in range(repeat)]
         runs_k = [
-            await explain(pool, by_key, (ts, id_) if page else (EPOCH + timedelta(days=3650), 0)) for _ in range(repeat)
+            await explain(pool, by_key, (ts, id_) if page else (EPOCH + timedelta(days=3650), 0))
+            for _ in range(repeat)
         ]
         out["offset"].append(min(runs_o, key=lambda r: r["ms"]))
         out["keyset"].append(min(runs_k, key=lambda r: r["ms"]))

@@ -139,7 +139,9 @@ def _start(name: str, database_url: str, delay_ms: int) -> Replica:
             if active_pid is not None:
                 conn.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))  # reserves WAL from now on
+        conn.execute(
+            "SELECT pg_create_physical_replication_slot(%s, true)", (slot,)
+        )  # reserves WAL from now on
     bin_dir = _bin_dir(major)
     run = backends.new_run_dir(f"ch09-{name}-")  # watched: stopped if this process dies
     os.chmod(run, 0o711)
@@ -171,7 +173,9 @@ def _start(name: str, database_url: str, delay_ms: int) -> Replica:
         capture_output=True, text=True, timeout=40, **as_user,
     )  # fmt: skip
     if started.returncode != 0:
-        log = (data / "log").read_text(errors="replace").strip().splitlines() if (data / "log").exists() else []
+        log = (
+            (data / "log").read_text(errors="replace").strip().splitlines() if (data / "log").exists() else []
+        )
         backends.stop_embedded(run)
         _drop_slot(database_url, slot)
         raise ReplicaUnavailable(f"the standby did not start: {(log or [started.stderr.strip()])[-1][-300:]}")
@@ -183,7 +187,8 @@ def _drop_slot(database_url: str, slot: str) -> None:
     try:
         with psycopg.connect(database_url, autocommit=True, connect_timeout=3) as conn:
             conn.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
             )
     except psycopg.Error:
         pass

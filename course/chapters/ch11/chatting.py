@@ -10,7 +10,9 @@ from course import chat
 
 async def reset(pool, *conversations: str) -> None:
     async with pool.connection() as conn:
-        await conn.execute("DELETE FROM chat_messages WHERE conversation_id = ANY(%s)", (list(conversations),))
+        await conn.execute(
+            "DELETE FROM chat_messages WHERE conversation_id = ANY(%s)", (list(conversations),)
+        )
         await conn.execute("DELETE FROM chat_conversations WHERE id = ANY(%s)", (list(conversations),))
 
 
@@ -38,7 +40,8 @@ async def max_plus_one(pool, conversation_id: str, sender: str, body: str, *, af
     read and the insert) lets a demo hold every sender there, so they all read the same max."""
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
-            "SELECT coalesce(max(seq), 0) + 1 FROM chat_messages WHERE conversation_id = %s", (conversation_id,)
+            "SELECT coalesce(max(seq), 0) + 1 FROM chat_messages WHERE conversation_id = %s",
+            (conversation_id,),
         )
         (seq,) = await cur.fetchone()
         if after_read is not None:
@@ -65,7 +68,8 @@ async def race(pool, send, conversation: str, senders: int = 8) -> list:
     """``senders`` messages to one conversation at once; what each call returned or raised."""
     await reset(pool, conversation)
     return await asyncio.gather(
-        *(send(pool, conversation, f"user{i}", f"message {i}") for i in range(senders)), return_exceptions=True
+        *(send(pool, conversation, f"user{i}", f"message {i}") for i in range(senders)),
+        return_exceptions=True,
     )
 
 

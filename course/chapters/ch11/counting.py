@@ -67,7 +67,11 @@ async def per_row_vs_batched(
     t0 = time.perf_counter()
     await _fan(views, concurrency, lambda i: counter.view("hot-batched"))
     await counter.close()
-    runs.append(Throughput(f"batched, a flush per {max_views} views", views, time.perf_counter() - t0, counter.flushes))
+    runs.append(
+        Throughput(
+            f"batched, a flush per {max_views} views", views, time.perf_counter() - t0, counter.flushes
+        )
+    )
     totals = await counters.read_counts(pool)
     assert totals["hot"] == views and totals["hot-batched"] == views, totals
     assert await counters.read_sharded(pool, "hot") == views
@@ -133,7 +137,9 @@ async def kill_batcher(
         "accepted_file": path,
     }
     t0 = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "course.chapters.ch11.worker", json.dumps(cfg))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "course.chapters.ch11.worker", json.dumps(cfg)
+    )
     try:
         for _ in range(400):  # wait until it has started counting
             if _accepted(path)[1] or proc.returncode is not None:
@@ -170,7 +176,11 @@ async def totals_vs_deltas(pool) -> dict[str, list[int]]:
     async with pool.connection() as conn:
         await conn.execute("DELETE FROM view_counts WHERE item_id IN ('by-delta', 'by-total')")
     seen: dict[str, list[int]] = {"by-delta": [], "by-total": []}
-    steps = [("first flush", 120, 120), ("the same flush again (a retry)", 120, 120), ("a late, older total", 0, 90)]
+    steps = [
+        ("first flush", 120, 120),
+        ("the same flush again (a retry)", 120, 120),
+        ("a late, older total", 0, 90),
+    ]
     for _, delta, total in steps:
         if delta:
             async with pool.connection() as conn:
@@ -263,7 +273,11 @@ def plot_hll(h: HllRuns):
             label="one sketch (relative error)" if j == 0 else None,
         )
     ax.plot(
-        h.checkpoints, [h.rms(n) * 100 for n in h.checkpoints], "o-", color=COLORS["ok"], label="measured RMS error"
+        h.checkpoints,
+        [h.rms(n) * 100 for n in h.checkpoints],
+        "o-",
+        color=COLORS["ok"],
+        label="measured RMS error",
     )
     ax.plot(h.checkpoints, [-h.rms(n) * 100 for n in h.checkpoints], "o-", color=COLORS["ok"])
     ax.axhline(HLL_STANDARD_ERROR * 100, color=COLORS["bad"], linestyle="--", label="claimed 0.81%")
@@ -274,7 +288,9 @@ def plot_hll(h: HllRuns):
     legend_outside(ax, "below")
     ax = axes[1]
     bars = ax.barh(
-        ["Redis SET", "HyperLogLog"], [h.set_bytes / 1024, h.hll_bytes / 1024], color=[COLORS["neutral"], COLORS["ok"]]
+        ["Redis SET", "HyperLogLog"],
+        [h.set_bytes / 1024, h.hll_bytes / 1024],
+        color=[COLORS["neutral"], COLORS["ok"]],
     )
     ax.bar_label(bars, labels=[f"{h.set_bytes / 1024:,.0f} KB", f"{h.hll_bytes / 1024:,.1f} KB"], padding=3)
     ax.set_xscale("log")
@@ -283,7 +299,9 @@ def plot_hll(h: HllRuns):
     return fig
 
 
-async def week_from_days(redis, prefix: str, *, per_day: int = 3_000, overlap: float = 0.6, seed: int = 12) -> dict:
+async def week_from_days(
+    redis, prefix: str, *, per_day: int = 3_000, overlap: float = 0.6, seed: int = 12
+) -> dict:
     """Seven daily sketches with returning visitors, merged with PFMERGE, vs the exact union."""
     rand = random.Random(seed)
     regulars = [f"r{i}" for i in range(int(per_day * overlap))]
@@ -310,7 +328,9 @@ async def week_from_days(redis, prefix: str, *, per_day: int = 3_000, overlap: f
 # ----------------------------------------------------------------------------- pods -> Redis -> PostgreSQL
 
 
-async def two_stage(pool, redis, prefix: str, *, pods: int = 3, views: int = 900, seed: int = 5) -> list[tuple]:
+async def two_stage(
+    pool, redis, prefix: str, *, pods: int = 3, views: int = 900, seed: int = 5
+) -> list[tuple]:
     """The production shape: each pod flushes its deltas to Redis in one INCRBY pipeline; a job
     copies the totals to PostgreSQL with GREATEST. The copy runs twice (a retry) and then once more
     with a stale snapshot. Returns ``(step, Redis totals, PostgreSQL totals)`` per step."""

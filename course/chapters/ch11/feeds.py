@@ -116,7 +116,8 @@ async def compare(
     """Publish the same ``posts`` and read the same ``reads`` feeds with each strategy."""
     rand = random.Random(seed)
     authors = [
-        g.celebrities[i % len(g.celebrities)] if i % 10 == 0 else rand.randrange(g.users) for i in range(posts)
+        g.celebrities[i % len(g.celebrities)] if i % 10 == 0 else rand.randrange(g.users)
+        for i in range(posts)
     ]  # one post in ten by a celebrity
     readers = [rand.randrange(g.users) for _ in range(reads)]
     strategies = dict(STRATEGIES)
@@ -179,7 +180,9 @@ def plot(runs: list[FeedRun], g: Graph):
     colors = [COLORS["bad"], COLORS["warn"], COLORS["ok"]]
     ax = axes[0]
     x = range(len(runs))
-    ax.bar([i - 0.2 for i in x], [r.mean_writes for r in runs], 0.4, color=colors, label="mean writes per post")
+    ax.bar(
+        [i - 0.2 for i in x], [r.mean_writes for r in runs], 0.4, color=colors, label="mean writes per post"
+    )
     ax.bar(
         [i + 0.2 for i in x],
         [max(r.writes) for r in runs],
@@ -193,7 +196,10 @@ def plot(runs: list[FeedRun], g: Graph):
     ax.set_xticks(list(x), names)
     ax.set_ylabel("Redis writes per post (log)")
     legend_outside(
-        ax, "below", ncols=1, handles=_handles("mean writes per post", "writes for the biggest post (a celebrity's)")
+        ax,
+        "below",
+        ncols=1,
+        handles=_handles("mean writes per post", "writes for the biggest post (a celebrity's)"),
     )
     ax = axes[1]
     ax.bar([i - 0.2 for i in x], [pct(r.read_ms, 50) for r in runs], 0.4, color=colors, label="read p50")

@@ -155,7 +155,13 @@ async def _attempt(
         job.first_failed = job.first_failed if job.first_failed is not None else now
         permanent = not mq.is_transient(err)
         if permanent or job.attempts >= max_attempts:
-            fields = {"id": req.key, "key": req.user, "type": req.kind, "seq": str(job.seq), "body": req.channel}
+            fields = {
+                "id": req.key,
+                "key": req.user,
+                "type": req.kind,
+                "seq": str(job.seq),
+                "body": req.channel,
+            }
             entry = mq.dlq_entry(
                 fields,
                 stream=f"{prefix}:{req.channel}",
@@ -192,7 +198,9 @@ def workload(
         req = Request(f"n{i}", f"user-{rand.randrange(n // 3)}", kind, rand.uniform(0, seconds), hour)
         out.append(req)
         if rand.random() < duplicate_share:
-            out.append(Request(req.key, req.user, kind, req.at + rand.uniform(0, 1), hour))  # a caller's retry
+            out.append(
+                Request(req.key, req.user, kind, req.at + rand.uniform(0, 1), hour)
+            )  # a caller's retry
     return out
 
 
@@ -212,7 +220,9 @@ def plot_run(run: Run, outage: tuple[float, float], bin_s: float = 0.5):
 
     ax.axvspan(*outage, color=COLORS["bad"], alpha=0.08, label="push provider down (503)")
     for kind, color in (("otp", COLORS["ok"]), ("comment", COLORS["fix"]), ("marketing", COLORS["neutral"])):
-        ax.step(bins, series("sent", kind), where="post", color=color, label=f"sent: {kind} ({CHANNEL[kind]})")
+        ax.step(
+            bins, series("sent", kind), where="post", color=color, label=f"sent: {kind} ({CHANNEL[kind]})"
+        )
     ax.step(
         bins,
         series("failed, will retry"),
@@ -222,7 +232,14 @@ def plot_run(run: Run, outage: tuple[float, float], bin_s: float = 0.5):
         label="failed, retried later",
     )
     dead = [t for t, e, *_ in run.events if e == "dead-lettered"]
-    ax.scatter(dead, [0.3] * len(dead), marker="x", color=COLORS["bad"], zorder=5, label=f"dead-lettered ({len(dead)})")
+    ax.scatter(
+        dead,
+        [0.3] * len(dead),
+        marker="x",
+        color=COLORS["bad"],
+        zorder=5,
+        label=f"dead-lettered ({len(dead)})",
+    )
     ax.set_xlabel("virtual seconds")
     ax.set_ylabel(f"notifications per {bin_s:g} s")
     legend_outside(ax)

@@ -57,7 +57,9 @@ async def install(pool) -> None:
 async def view_writes(pool) -> int:
     """Rows written to ``view_counts`` so far (failed statements' rows included)."""
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT last_value + (CASE WHEN is_called THEN 0 ELSE -1 END) FROM ch11_view_writes")
+        cur = await conn.execute(
+            "SELECT last_value + (CASE WHEN is_called THEN 0 ELSE -1 END) FROM ch11_view_writes"
+        )
         return int((await cur.fetchone())[0])
 
 

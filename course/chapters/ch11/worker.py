@@ -24,7 +24,9 @@ async def run(cfg: dict) -> None:
     parent = os.getppid()
     with open(cfg["accepted_file"], "r+b") as f:
         accepted = mmap.mmap(f.fileno(), 16)
-    pool = AsyncConnectionPool(cfg["database_url"], min_size=1, max_size=2, open=False, kwargs={"autocommit": True})
+    pool = AsyncConnectionPool(
+        cfg["database_url"], min_size=1, max_size=2, open=False, kwargs={"autocommit": True}
+    )
     await pool.open()
     counter = counters.BatchedCounter(pool, max_views=cfg["max_views"])
     stop = asyncio.Event()

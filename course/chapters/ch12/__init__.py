@@ -135,7 +135,9 @@ class Attack:
 ATTACK_HEADER = f"{'scheme':36} {'neighbours':>13}   {'next code':>8}   {'shared':>11}   {'end char':>8}"
 
 
-def attack(name: str, encode: Callable[[int], str], *, links: int = 5_000, trials: int = 200, seed: int = 12) -> Attack:
+def attack(
+    name: str, encode: Callable[[int], str], *, links: int = 5_000, trials: int = 200, seed: int = 12
+) -> Attack:
     """How guessable is a scheme, with ``links`` links made (ids 1..links)?
 
     - neighbours: an attacker holds the code of one link and tries the 20 codes next to it
@@ -236,7 +238,9 @@ async def alias_race(pool, watcher, create, alias: str, n: int = 10) -> list:
     PostgreSQL (or have finished): the race every time, not once in a while."""
     await close_gate(watcher)
     try:
-        tasks = [asyncio.ensure_future(create(pool, f"https://example.com/{alias}/{i}", alias)) for i in range(n)]
+        tasks = [
+            asyncio.ensure_future(create(pool, f"https://example.com/{alias}/{i}", alias)) for i in range(n)
+        ]
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             running = sum(not t.done() for t in tasks)
@@ -411,7 +415,9 @@ async def run_load(
 WARM_UP = "warm-up"
 
 
-def alternating(labels: dict[str, dict], seconds: float, every: float = 0.5, warm_up: float = 0.3) -> list[dict]:
+def alternating(
+    labels: dict[str, dict], seconds: float, every: float = 0.5, warm_up: float = 0.3
+) -> list[dict]:
     """Slices of ``every`` seconds cycling through ``labels`` ({label: headers}) for ``seconds``,
     after a ``warm_up`` slice (new connections, first requests) that the statistics leave out."""
     names = list(labels)
@@ -432,7 +438,10 @@ async def measure_paths(
     """Redirects from the cache against from PostgreSQL, alternating every half second, at each
     number of connections. The service must run with ``honor_no_cache=True``."""
     paths = [f"/{c}" for c in codes]
-    return {n: await run_load(port, paths, alternating(PATHS, seconds), connections=n, seed=n) for n in connections}
+    return {
+        n: await run_load(port, paths, alternating(PATHS, seconds), connections=n, seed=n)
+        for n in connections
+    }
 
 
 def plot_paths(runs: dict[int, LoadRun]):
@@ -449,8 +458,14 @@ def plot_paths(runs: dict[int, LoadRun]):
             buckets[(int((start - busiest.start) * 10), label)] += 1
     for label, color in colors.items():
         xs = sorted(b for b, lab in buckets if lab == label)
-        ax.bar([x / 10 for x in xs], [buckets[(x, label)] * 10 for x in xs], width=0.1, color=color, label=label)
-    ax.set(xlabel="seconds into the run", ylabel="redirects / s", title=f"{max(runs)} connections, paths alternating")
+        ax.bar(
+            [x / 10 for x in xs], [buckets[(x, label)] * 10 for x in xs], width=0.1, color=color, label=label
+        )
+    ax.set(
+        xlabel="seconds into the run",
+        ylabel="redirects / s",
+        title=f"{max(runs)} connections, paths alternating",
+    )
     plotting.legend_outside(ax, "below")
     names = list(colors)
     conns = sorted(runs)
@@ -461,10 +476,18 @@ def plot_paths(runs: dict[int, LoadRun]):
         bx.bar(xs, [s["per_s"] for s in stats], width=width, color=colors[label], label=label)
         cx.bar(xs, [s["p50"] for s in stats], width=width, color=colors[label], label=f"{label} p50")
         cx.scatter(
-            xs, [s["p99"] for s in stats], color="black", marker="_", s=200, zorder=3, label="p99" if i else None
+            xs,
+            [s["p99"] for s in stats],
+            color="black",
+            marker="_",
+            s=200,
+            zorder=3,
+            label="p99" if i else None,
         )
     for axis, title in ((bx, "redirects / s"), (cx, "latency (ms)")):
-        axis.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(conns))], [f"{n} conn." for n in conns])
+        axis.set_xticks(
+            [j + width * (len(names) - 1) / 2 for j in range(len(conns))], [f"{n} conn." for n in conns]
+        )
         axis.set_title(title)
     cx.set_yscale("log")
     plotting.legend_outside(cx)
@@ -628,7 +651,9 @@ def plot_outages(runs: list[OutageRun]):
         ax.set_title(run.summary(), fontsize=9, loc="left")
         handles, labels = ax.get_legend_handles_labels()
         handles += [
-            Patch(color=band[s][1], label=f"top band: {band[s][0]}") for s in (CLOSED, OPEN, HALF_OPEN) if s in seen
+            Patch(color=band[s][1], label=f"top band: {band[s][0]}")
+            for s in (CLOSED, OPEN, HALF_OPEN)
+            if s in seen
         ]
         plotting.legend_outside(ax, handles=handles, markerscale=3)
     axes[-1].set_xlabel("seconds into the run")
@@ -650,14 +675,23 @@ async def naive_resolve(code: str, redis, pool, breaker) -> str | None:
 # ============================================================================ sampling under overload
 
 
-def sampling_demo(clicks: int = 20_000, *, high_water: int = 1_000, sample_every: int = 10, seed: int = 12) -> dict:
+def sampling_demo(
+    clicks: int = 20_000, *, high_water: int = 1_000, sample_every: int = 10, seed: int = 12
+) -> dict:
     """A recorder whose stream is unreachable takes ``clicks`` clicks: how many events does it
     keep, and how close is the weighted total to the truth?"""
     rnd = random.Random(seed)
-    rec = shortener.ClickRecorder(None, "unused", high_water=high_water, sample_every=sample_every, rand=rnd.random)
+    rec = shortener.ClickRecorder(
+        None, "unused", high_water=high_water, sample_every=sample_every, rand=rnd.random
+    )
     for i in range(clicks):
         rec.record(f"c{i % 50}")
-    return {"clicks": clicks, "events_kept": len(rec.buffer), "estimate": rec.buffered, "sampled_out": rec.sampled_out}
+    return {
+        "clicks": clicks,
+        "events_kept": len(rec.buffer),
+        "estimate": rec.buffered,
+        "sampled_out": rec.sampled_out,
+    }
 
 
 # ============================================================================ printed tables
@@ -679,7 +713,9 @@ def estimate_lines(e: dict) -> list[str]:
 
 def path_lines(runs: dict[int, LoadRun]) -> list[str]:
     """One line per run and path, and the ratios of the two paths within each run."""
-    lines = [f"{'connections':>11} {'path':9} {'redirects/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}  served"]
+    lines = [
+        f"{'connections':>11} {'path':9} {'redirects/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}  served"
+    ]
     for n, run in sorted(runs.items()):
         stats = run.by_label()
         for label, s in stats.items():
@@ -697,5 +733,7 @@ def path_lines(runs: dict[int, LoadRun]) -> list[str]:
 
 async def clicks_in_database(pool, codes: list[str]) -> int:
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT coalesce(sum(clicks), 0) FROM link_clicks WHERE code = ANY(%s)", (codes,))
+        cur = await conn.execute(
+            "SELECT coalesce(sum(clicks), 0) FROM link_clicks WHERE code = ANY(%s)", (codes,)
+        )
         return int((await cur.fetchone())[0])

@@ -68,7 +68,8 @@ async def partition_demo(pool, link_id: int = 1_234_567_890) -> dict:
                 "INSERT INTO ch12_links_by_id (id, url) VALUES (%s, 'https://example.com/x')", (link_id,)
             )
             cur = await conn.execute(
-                "EXPLAIN (COSTS OFF) SELECT url FROM ch12_links_by_id WHERE id = %s", (shortener.decode_code(code),)
+                "EXPLAIN (COSTS OFF) SELECT url FROM ch12_links_by_id WHERE id = %s",
+                (shortener.decode_code(code),),
             )
             plan = [row[0] for row in await cur.fetchall()]
     return {"refused": refused, "code": code, "id": link_id, "plan": plan}
@@ -101,7 +102,9 @@ def aof_after_kill(entries: int = 2_000) -> dict:
         def enabled() -> bool:
             info = client.info("persistence")
             return (
-                info["aof_enabled"] == 1 and not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
+                info["aof_enabled"] == 1
+                and not info["aof_rewrite_in_progress"]
+                and not info["aof_rewrite_scheduled"]
             )
 
         client.config_set("appendonly", "yes")  # writes the AOF's base file, then appends every write

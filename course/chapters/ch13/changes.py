@@ -47,7 +47,9 @@ async def versioned_write(r, player: str, version: int, score: int | None, *, ke
     return bool(await r.eval(VERSIONED_WRITE, 2, *keys, player, version, "" if score is None else score))
 
 
-async def _record_stalled(pool, r, event: dict, committed: asyncio.Event, go: asyncio.Event, versioned: bool) -> None:
+async def _record_stalled(
+    pool, r, event: dict, committed: asyncio.Event, go: asyncio.Event, versioned: bool
+) -> None:
     """Claim and add in PostgreSQL, commit, then wait for ``go`` (a GC pause, a slow network) before the board."""
     async with pool.connection() as conn, conn.transaction():
         await conn.execute(
@@ -70,7 +72,8 @@ async def remove_player(pool, r, player: str, *, versioned: bool) -> None:
     """Delete ``player``'s total (under their row lock) and take them off the board."""
     async with pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
-            "DELETE FROM leaderboard_scores WHERE player = %s RETURNING nextval('ch13_board_versions')", (player,)
+            "DELETE FROM leaderboard_scores WHERE player = %s RETURNING nextval('ch13_board_versions')",
+            (player,),
         )
         row = await cur.fetchone()
     if versioned and row is not None:
@@ -145,4 +148,11 @@ async def period_boards(r, *, players: int = 2_000, days: int = 7, seed: int = 9
     # the encoded scores of two days, summed: the time digits overflow into the points
     one_day = lb.encode(100, 40_000)
     summed = lb.decode(one_day + lb.encode(100, 50_000))
-    return {"days": days, "members": members, "top": top, "equal": top == best, "summed": summed, "keys": day_keys}
+    return {
+        "days": days,
+        "members": members,
+        "top": top,
+        "equal": top == best,
+        "summed": summed,
+        "keys": day_keys,
+    }

@@ -141,7 +141,9 @@ async def rebuild_during_play(pool, r, rebuild, *, seconds_cap: float = 10.0, ba
     """Wipe the board, then run ``rebuild`` while the game records a batch of events before
     each of its board writes (the events go through ``lb.record_batch`` into the live board)."""
     await r.unlink(BOARD)
-    events = iter(random_events(4_000, players=30_000, prefix=f"play{time.monotonic_ns()}", seed=7, at=40_000_000))
+    events = iter(
+        random_events(4_000, players=30_000, prefix=f"play{time.monotonic_ns()}", seed=7, at=40_000_000)
+    )
     recorded = 0
 
     async def step() -> None:
@@ -153,7 +155,12 @@ async def rebuild_during_play(pool, r, rebuild, *, seconds_cap: float = 10.0, ba
     await asyncio.wait_for(rebuild(pool, _GameBetweenWrites(r, step)), seconds_cap)
     seconds = time.perf_counter() - started
     truth = await postgres_board(pool)
-    return {"seconds": seconds, "events": recorded, "behind": behind(await board(r), truth), "players": len(truth)}
+    return {
+        "seconds": seconds,
+        "events": recorded,
+        "behind": behind(await board(r), truth),
+        "players": len(truth),
+    }
 
 
 async def time_rebuilds(pool, r, sizes: list[int], *, budget: float = 15.0, repeat: int = 2) -> list[dict]:
@@ -235,7 +242,9 @@ async def _postgres_rank(pool, player: str) -> int:
 # ============================================================================ throughput
 
 
-async def updates_per_second(pool, r, *, events: int, workers: int = 16, batch: int = 500) -> dict[str, float]:
+async def updates_per_second(
+    pool, r, *, events: int, workers: int = 16, batch: int = 500
+) -> dict[str, float]:
     """Score updates per second through the course's code: one event per transaction, and batched."""
     stamp = time.monotonic_ns()
     one = random_events(events, players=10_000, prefix=f"one{stamp}", seed=1)
@@ -310,7 +319,9 @@ def raw_zadd_loop(url: str, *, n: int = 400_000, depth: int = 128, members: int 
         _read_replies(sock, 2 if password else 1)
         key = f"{BOARD}:raw"
         chunks = [
-            b"".join(_command("ZADD", key, (j * 7919) % 1_000_003, f"m{j % members}") for j in range(k, k + depth))
+            b"".join(
+                _command("ZADD", key, (j * 7919) % 1_000_003, f"m{j % members}") for j in range(k, k + depth)
+            )
             for k in range(0, members, depth)
         ]
         sent = 0
@@ -430,13 +441,19 @@ def rebuild_growth(results: list[dict]) -> tuple[str, str, bool]:
     """The claim that a rebuild's cost per player grows only slowly with the board, what this run
     measured (the cost per player at the smallest and the largest board rebuilt), and whether it
     held: ``(claim, measured, held)`` for :func:`course.kit.claims.check`."""
-    claim = f"the cost per player grows only slowly with the board (O(log N) per ZADD): under {SLOW_GROWTH:g}x"
+    claim = (
+        f"the cost per player grows only slowly with the board (O(log N) per ZADD): under {SLOW_GROWTH:g}x"
+    )
     measured = [x for x in results if "seconds" in x]
     if len(measured) < 2:
         return claim, "one size rebuilt: nothing to compare", False
     first, last = (x["seconds"] / x["players"] * 1e6 for x in (measured[0], measured[-1]))
     sizes = f"{measured[0]['players']:,} -> {measured[-1]['players']:,} players"
-    return claim, f"{first:.1f} -> {last:.1f} µs per player ({sizes}: {last / first:.2f}x)", last / first < SLOW_GROWTH
+    return (
+        claim,
+        f"{first:.1f} -> {last:.1f} µs per player ({sizes}: {last / first:.2f}x)",
+        last / first < SLOW_GROWTH,
+    )
 
 
 def plot_rebuilds(results: list[dict], extrapolate_to: int = 100_000_000):
@@ -453,7 +470,9 @@ def plot_rebuilds(results: list[dict], extrapolate_to: int = 100_000_000):
     ax.plot(sizes, seconds, "o-", color=plotting.COLORS["fix"], label="measured here")
     ax.plot([0, *sizes], [0, *(s * per_player for s in sizes)], ":", color=plotting.COLORS["neutral"],
             label=f"the largest board's rate: {per_player * 1e6:.1f} µs per player")  # fmt: skip
-    ax.set(xlabel="players on the board", ylabel="rebuild seconds", title="Rebuilding the board from PostgreSQL")
+    ax.set(
+        xlabel="players on the board", ylabel="rebuild seconds", title="Rebuilding the board from PostgreSQL"
+    )
     ax.ticklabel_format(axis="x", style="plain")
     ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g} M" if x >= 1e6 else f"{x / 1e3:g} k")
     plotting.legend_outside(ax)
@@ -488,7 +507,9 @@ def plot_throughput(rates: dict[str, float], target: float = 10_000):
     fig, ax = plotting.figure(9, 0.45 * len(names) + 1.2)
     colors = [plotting.COLORS["ok"] if v >= target else plotting.COLORS["bad"] for v in rates.values()]
     ax.barh(names, list(rates.values()), color=colors)
-    ax.axvline(target, color=plotting.COLORS["neutral"], linestyle="--", label=f"peak to carry: {target:,.0f}/s")
+    ax.axvline(
+        target, color=plotting.COLORS["neutral"], linestyle="--", label=f"peak to carry: {target:,.0f}/s"
+    )
     ax.set_xscale("log")
     ax.set_xlim(right=max(rates.values()) * 2)
     ax.invert_yaxis()
@@ -498,7 +519,10 @@ def plot_throughput(rates: dict[str, float], target: float = 10_000):
         Patch(color=plotting.COLORS["bad"], label="does not"),
     ]
     plotting.legend_outside(ax, handles=handles)
-    ax.set(xlabel="score updates per second (log scale)", title="Throughput: the course's code and the raw server")
+    ax.set(
+        xlabel="score updates per second (log scale)",
+        title="Throughput: the course's code and the raw server",
+    )
     return fig
 
 
@@ -530,7 +554,9 @@ def plot_rank_estimates(pairs: list[tuple[int, int]], width: int):
     exact = [a for (a, _), err in zip(pairs, errors, strict=True) if err == 0]
     median = statistics.median(errors)
     fig, ax = plotting.figure(7.5, 3.0)
-    ax.scatter(*zip(*off, strict=True), s=8, color=plotting.COLORS["fix"], label=f"{width}-point bands: off by")
+    ax.scatter(
+        *zip(*off, strict=True), s=8, color=plotting.COLORS["fix"], label=f"{width}-point bands: off by"
+    )
     if exact:
         ax.scatter(exact, [floor] * len(exact), s=8, color=plotting.COLORS["ok"],
                    label=f"exact ({len(exact)}), drawn at {floor}%")  # fmt: skip

@@ -83,7 +83,11 @@ class BoardFeed:
             except Exception as err:  # noqa: BLE001 - a page shows the problem instead of freezing
                 where = not_done(err)
                 snapshot = self.snapshot
-                problem = f"not done yet: {where or 'top_and_rank'}" if where is not None else f"{type(err).__name__}"
+                problem = (
+                    f"not done yet: {where or 'top_and_rank'}"
+                    if where is not None
+                    else f"{type(err).__name__}"
+                )
             self.reads += 1
             if snapshot != self.snapshot or problem != self.problem:
                 self.snapshot, self.problem = snapshot, problem
@@ -244,7 +248,9 @@ def make_app(
             if event["points"] <= 0 or not 0 <= event["at"] < lb.TIE_SPAN:
                 raise ValueError
         except (KeyError, TypeError, ValueError):
-            return JSONResponse({"error": "expected {event_id, player, points > 0, at (optional)}"}, status_code=400)
+            return JSONResponse(
+                {"error": "expected {event_id, player, points > 0, at (optional)}"}, status_code=400
+            )
         applied = await record_score(request.app.state.pool, request.app.state.r, event)
         return JSONResponse({"applied": bool(applied)})
 
