@@ -47,6 +47,10 @@ class Claim:
     source: str = ""
     otherwise: str = ""
 
+    def _ipython_display_(self) -> None:
+        """Nothing: :func:`check` has shown it already (a cell ending in ``check(...)`` would
+        otherwise show it twice)."""
+
     def text(self) -> str:
         mark = "[held]" if self.held else "[did not hold on this run]"
         measured = f"measured: {self.measured}" + (f" ({self.source})" if self.source else "")
