@@ -117,3 +117,31 @@ def test_servers_stop_when_their_owner_exits(tmp_path, mode):
         time.sleep(0.2)
     left = {name: pid for name, pid in pids.items() if _running(pid)}
     assert not left, f"left running after a {mode} exit: {left}"
+
+
+def _set_then_sleep(event) -> None:
+    event.set()
+    time.sleep(60)
+
+
+def test_a_forked_child_that_is_terminated_leaves_its_parents_servers_running():
+    """multiprocessing's terminate() sends SIGTERM to a forked child, which inherits the handler that
+    stops this process's servers: the child must not stop (or delete) what its parent still uses."""
+    import multiprocessing
+
+    import psycopg
+    import redis
+
+    servers = backends.servers()
+    ctx = multiprocessing.get_context("fork")
+    started = ctx.Event()
+    child = ctx.Process(target=_set_then_sleep, args=(started,))
+    child.start()
+    assert started.wait(30)  # a SIGTERM that lands while the child is still forking is dropped by CPython
+    child.terminate()
+    child.join(10)
+    assert child.exitcode is not None
+    with redis.Redis.from_url(servers.redis_url) as r:
+        assert r.ping()
+    with psycopg.connect(servers.database_url, connect_timeout=5) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -454,8 +454,14 @@ def _spawn_watchdog(run: Path) -> None:
 
 
 def _on_exit(fn) -> None:
+    global _owner_pid
+    _owner_pid = os.getpid()
     _stoppers.append(fn)
     _install_handlers()
+
+
+#: The process that started the servers: only it stops them (see :func:`_forget_in_child`).
+_owner_pid: int | None = None
 
 
 _before_shutdown: list = []
@@ -493,9 +499,22 @@ def _install_handlers() -> None:
             signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def _forget_in_child() -> None:
+    """In a forked child: the servers are the parent's. A child that exits or is terminated
+    (``multiprocessing``'s ``terminate()`` sends SIGTERM, and the handler above is inherited)
+    must not stop them under the parent, which still uses them."""
+    _stoppers.clear()
+    _before_shutdown.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def shutdown() -> None:
     """Stop every server this process started (idempotent)."""
     global _servers
+    if _owner_pid is not None and os.getpid() != _owner_pid:
+        return  # a forked child, terminated before it could forget its parent's servers
     for fn in list(_before_shutdown):  # namespaces are dropped before their servers stop
         try:
             fn()
