@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from course import shortener
 from course.chapters.ch12 import scale  # noqa: F401 - the notebook calls ch12.scale.<demo>
+from course.chapters.ch12.tables import si  # noqa: F401 - the notebook calls ch12.si
 from course.kit import backends
 from course.kit.stats import percentile
 
@@ -68,14 +69,6 @@ def estimates(
         "years_of_codes": shortener.ID_SPACE / links_per_year,
         "years_of_6_chars": 62**6 / links_per_year,
     }
-
-
-def si(x: float, unit: str = "") -> str:
-    """``3.52e12`` as ``3.52 T`` (k, M, G, T), with a unit."""
-    for bound, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= bound:
-            return f"{x / bound:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}".rstrip()
 
 
 # ============================================================================ codes under attack
@@ -672,68 +665,18 @@ async def naive_resolve(code: str, redis, pool, breaker) -> str | None:
     return url
 
 
-# ============================================================================ sampling under overload
-
-
-def sampling_demo(
-    clicks: int = 20_000, *, high_water: int = 1_000, sample_every: int = 10, seed: int = 12
-) -> dict:
-    """A recorder whose stream is unreachable takes ``clicks`` clicks: how many events does it
-    keep, and how close is the weighted total to the truth?"""
-    rnd = random.Random(seed)
-    rec = shortener.ClickRecorder(
-        None, "unused", high_water=high_water, sample_every=sample_every, rand=rnd.random
-    )
-    for i in range(clicks):
-        rec.record(f"c{i % 50}")
-    return {
-        "clicks": clicks,
-        "events_kept": len(rec.buffer),
-        "estimate": rec.buffered,
-        "sampled_out": rec.sampled_out,
-    }
-
-
-# ============================================================================ printed tables
-
-
-def estimate_lines(e: dict) -> list[str]:
-    """The walk-through's numbers as printable lines."""
-    return [
-        f"writes:   {e['writes_per_s']:8.1f} links/s on average, {e['writes_peak']:8.0f}/s at a 10x peak",
-        f"reads:    {e['reads_per_s']:8.0f} redirects/s on average at 10:1, {e['reads_peak']:8.0f}/s at a 10x peak",
-        f"claimed peak of 1,000,000 redirects/s = {e['peak_over_average']:,.0f} x the average read rate,",
-        f"          or {e['reads_per_write_at_peak']:,.0f} reads per write at peak: the two figures do not fit together",
-        f"storage:  {si(e['links_per_year'])} links/year x 500 B = {si(e['storage_per_year'], 'B')} per year",
-        f"cache:    the month's hottest 20% = {si(e['hot_links'])} links x 250 B = {si(e['cache_bytes'], 'B')} of Redis",
-        f"codes:    62^7 = {e['codes']:,} = {e['years_of_codes']:,.0f} years of links "
-        f"(62^6 would last {e['years_of_6_chars']:.0f} years)",
-    ]
-
-
-def path_lines(runs: dict[int, LoadRun]) -> list[str]:
-    """One line per run and path, and the ratios of the two paths within each run."""
-    lines = [
-        f"{'connections':>11} {'path':9} {'redirects/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}  served"
-    ]
-    for n, run in sorted(runs.items()):
-        stats = run.by_label()
-        for label, s in stats.items():
-            served = ", ".join(f"{k} {v}" for k, v in s["x_cache"].most_common())
-            lines.append(
-                f"{n:>11} {label:9} {s['per_s']:12,.0f} {s['p50']:8.2f} {s['p99']:8.2f} {s['errors']:>6}  {served}"
-            )
-        c, d = stats["cache"], stats["database"]
-        lines.append(
-            f"{'':>11} ratio     cache/database: {c['per_s'] / d['per_s']:.2f}x redirects/s, "
-            f"database/cache: {d['p50'] / c['p50']:.2f}x p50, {d['p99'] / c['p99']:.2f}x p99"
-        )
-    return lines
-
-
 async def clicks_in_database(pool, codes: list[str]) -> int:
     async with pool.connection() as conn:
         cur = await conn.execute(
             "SELECT coalesce(sum(clicks), 0) FROM link_clicks WHERE code = ANY(%s)", (codes,)
         )
         return int((await cur.fetchone())[0])
+
+
+# The printed tables, in a module of their own (this one is about the runs)
+from course.chapters.ch12 import overload as _overload  # noqa: E402
+from course.chapters.ch12 import tables as _tables  # noqa: E402 - after si and LoadRun, which it uses
+
+sampling_demo = _overload.sampling_demo
+estimate_lines = _tables.estimate_lines
+path_lines = _tables.path_lines
