@@ -3,8 +3,10 @@
 - The solution notebook runs top to bottom without an error, and its printed lines fit a
   browser at 1,400 px. Its test cells run their public checks; the hidden ones are left out
   here because tests/test_contract.py grades every solution through the grader itself.
-- Every claim a chapter checks against its measurement (:mod:`course.kit.claims`) held, in
-  both runs, on a machine loaded by the rest of the suite (three workers on two cores).
+- Every claim a chapter checks against its measurement (:mod:`course.kit.claims`) held on a
+  machine loaded by the rest of the suite (three workers on two cores): a claim missed in both
+  runs fails the test, one missed once is reported as a warning (the learner would see it
+  marked, with its reason).
 - Then, in the same kernel, the unfinished student notebook runs top to bottom: no tracebacks,
   and every place that runs an unfinished answer says ``not done yet`` in one line. Its demo
   cells are the solution's, so this is also the learner's re-run: afterwards the kernel holds
@@ -22,6 +24,7 @@ import asyncio
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -232,11 +235,17 @@ def test_the_solution_then_the_student_notebook_run_in_one_kernel_without_growin
     assert not _long_lines(first), "printed lines wrap in the browser:\n" + "\n".join(_long_lines(first))
 
     assert not _errors(second), f"the student notebook, run after the solution: {_errors(second)}"
-    missed = [c for c in claims.found_in(out for _, out in first + second) if not c.held]
-    assert not missed, (
-        f"claims that did not hold on this loaded run (load average {os.getloadavg()}):\n"
-        + "\n".join(c.text() for c in missed)
+    # A claim the loaded machine missed in both runs is one the chapter must not make; one missed
+    # once is what a learner may see too, with its reason, and is reported as a warning
+    missed_first = {c.claim: c for c in claims.found_in(out for _, out in first) if not c.held}
+    missed_second = {c.claim: c for c in claims.found_in(out for _, out in second) if not c.held}
+    twice = [c for claim, c in missed_second.items() if claim in missed_first]
+    assert not twice, (
+        f"claims that did not hold in either run (load average {os.getloadavg()}):\n"
+        + "\n".join(c.text() for c in twice)
     )
+    for c in {**missed_first, **missed_second}.values():
+        warnings.warn(f"{chapter}: a claim missed once on a loaded run: {c.text()}", stacklevel=1)
     for index, task in _graded_cells(student).items():
         said = "".join(_text(out) for i, out in second if i == index).strip()
         assert said.startswith(f"{task}: not done yet") and "\n" not in said, f"test cell of {task}: {said!r}"

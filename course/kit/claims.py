@@ -23,7 +23,7 @@ and when the run did not bear it out, ``[did not hold on this run]`` with ``othe
 run can miss it), so the page never reads the opposite of the numbers printed above it.
 
 Every claim is also written into the cell's output as :data:`MIME` data; the test suite runs
-every chapter on a loaded machine and fails when a claim did not hold
+every chapter twice on a loaded machine and fails when a claim did not hold in either run
 (``tests/test_00_notebook_runs.py``): a claim that a loaded laptop cannot bear out is a claim
 the chapter must not make.
 """
