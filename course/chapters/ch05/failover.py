@@ -17,6 +17,7 @@ The patterns are in :mod:`course.messaging`; the chapter's tables and helpers in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 
@@ -164,11 +165,18 @@ async def killer_restarts(pool, redis, stream: str, *, max_deliveries: int | Non
     stream, dlq = await fresh_stream(pool, redis, stream)
     await publish(redis, stream, [("P", 1), ("G", 1), ("P", 2)])
     record = recorder(stream)
+    g_done = asyncio.Event()
 
     async def killer(conn, fields) -> None:
         if fields["id"] == "P-1":
+            # the crash comes once G-1 (another key, in flight beside it) has committed: a message
+            # still in flight when the process dies is redelivered and counted again too
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(g_done.wait(), 10)
             raise mq.ConsumerKilled("P-1 crashes the process")
         await record(conn, fields)
+        if fields["id"] == "G-1":
+            g_done.set()
 
     kills, delivered = 0, []
     for _ in range(restarts):
