@@ -494,8 +494,9 @@ class Notebook:
             time.sleep(0.2)
         raise AssertionError(f"{self.path}: could not select code cell {code_index + 1}: {cell.get_attribute('class')}")
 
-    def saved(self, timeout: float = 30) -> dict:
-        """Save the notebook (its outputs included) and read it back from disk."""
+    def saved(self, timeout: float = 90) -> dict:
+        """Save the notebook (its outputs included) and read it back from disk. The wait is long: with
+        four notebooks running at once on 2 cores, the 00 solution's save took over 30 s twice."""
         file = self.server.root / self.path
         before = file.stat().st_mtime_ns
         menu(self.page, "File", "docmanager:save")
