@@ -501,7 +501,10 @@ class Notebook:
         before = file.stat().st_mtime_ns
         menu(self.page, "File", "docmanager:save")
         deadline = time.monotonic() + timeout
+        overwrite = self.page.locator(".jp-Dialog button", has_text="Overwrite")
         while time.monotonic() < deadline:
+            if overwrite.count():  # "File Changed": another test saved this notebook since it was opened
+                overwrite.first.click()
             if file.stat().st_mtime_ns != before:
                 try:
                     return json.loads(file.read_text(encoding="utf-8"))
