@@ -309,10 +309,25 @@ def open_lab(browser, server: LabServer, tree_path: str = "", *, wait: bool = Tr
     return page
 
 
-def menu(page, top: str, command: str) -> None:
-    """Click a main-menu entry by its JupyterLab command id."""
-    page.get_by_role("menuitem", name=top, exact=True).click()
-    page.locator(f'.lm-Menu-item[data-command="{command}"]:visible').first.click()
+def menu(page, top: str, command: str, *, attempts: int = 3) -> None:
+    """Click a main-menu entry by its JupyterLab command id.
+
+    A click on the menu bar can land while a menu closed by Escape is still going away, and
+    Lumino then toggles the menu shut again; so the menu is opened until the entry shows.
+    """
+    entry = page.locator(f'.lm-Menu-item[data-command="{command}"]:visible').first
+    for attempt in range(attempts):
+        page.get_by_role("menuitem", name=top, exact=True).click()
+        try:
+            entry.wait_for(state="visible", timeout=10_000)
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            page.keyboard.press("Escape")
+            page.locator(".lm-Menu").first.wait_for(state="hidden", timeout=5_000)
+            continue
+        entry.click()
+        return
 
 
 def menu_labels(page, top: str) -> list[str]:
@@ -320,6 +335,7 @@ def menu_labels(page, top: str) -> list[str]:
     page.locator(".lm-Menu").first.wait_for(state="visible")
     labels = page.locator(".lm-Menu .lm-Menu-itemLabel").all_inner_texts()
     page.keyboard.press("Escape")
+    page.locator(".lm-Menu").first.wait_for(state="hidden", timeout=5_000)
     return [label.strip() for label in labels if label.strip()]
 
 
