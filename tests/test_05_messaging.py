@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 
 import httpx
@@ -14,6 +13,7 @@ from psycopg.types.json import Jsonb
 from course import messaging as mq
 from course.backoff import FullJitter
 from course.chapters import ch05
+from course.chapters.ch05 import failover
 from course.kit.faults import DependencyError, VirtualClock
 from course.retry import RetryPolicy
 
@@ -335,37 +335,14 @@ def test_05_the_default_claim_idle_time_is_well_above_an_entrys_retry_budget():
 
 
 async def test_05_a_message_that_kills_the_consumer_every_time_is_dead_lettered_after_max_deliveries(ans):
-    pool, redis, stream, dlq = await _world(ans, "killer")
-    await ch05.publish(redis, stream, [("P", 1), ("G", 1), ("P", 2)])
-    record = ch05.recorder(stream)
-    g_done = asyncio.Event()
-
-    async def killer(conn, fields) -> None:
-        if fields["id"] == "P-1":
-            # after G-1 (in flight beside it) commits: a loaded run killed the process with G-1 still
-            # in flight, which then counted deliveries too and was dead-lettered beside P-1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(g_done.wait(), 10)
-            raise mq.ConsumerKilled("P-1 crashes the process (an out-of-memory, a segfault in a parser)")
-        await record(conn, fields)
-        if fields["id"] == "G-1":
-            g_done.set()
-
-    kills = 0
-    for _ in range(8):  # a supervisor restarts it, once the dead one's lease has run out
-        await redis.delete(mq.lease_key(stream, GROUP))
-        run = mq.ordered_consumer(pool, redis, killer, stream=stream, group=GROUP, consumer="c", dlq=dlq)
-        if not await _until_killed(run):
-            break
-        kills += 1
-    assert kills < 8  # it stopped being delivered
+    """The chapter's run (P-1 crashes its consumer on every delivery; a supervisor restarts it), at the default limit."""
+    pool, redis, stream, _ = await _world(ans, "killer")
     limit = inspect.signature(mq.ordered_consumer).parameters["max_deliveries"].default
-    assert kills == limit
-    (_, dead), *more = await redis.xrange(dlq)
-    assert not more and (dead["id"], dead["reason"], dead["attempts"]) == ("P-1", "deliveries", str(limit))
-    assert await ch05.applied(pool, stream) == ["G-1"]
-    seen = await mq.metrics(pool, redis, stream=stream, group=GROUP, dlq=dlq)
-    assert (seen["pending"], seen["blocked_keys"], seen["parked"]) == (0, 1, 1)
+    seen = await failover.killer_restarts(pool, redis, stream, max_deliveries=limit)
+    assert seen["kills"] == limit < 8, seen  # it stopped being delivered
+    assert seen["dead"] == [("P-1", "deliveries", str(limit))], seen
+    assert seen["applied"] == ["G-1"], seen
+    assert (seen["pending"], seen["blocked_keys"], seen["parked"]) == (0, 1, 1), seen
 
 
 async def test_05_an_outage_of_the_dependency_pauses_the_consumer_instead_of_dead_lettering_every_key(ans):

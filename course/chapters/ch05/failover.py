@@ -199,7 +199,7 @@ async def killer_restarts(pool, redis, stream: str, *, max_deliveries: int | Non
     dead = [(f["id"], f["reason"], f["attempts"]) for _, f in await redis.xrange(dlq)]
     seen = await mq.metrics(pool, redis, stream=stream, group=GROUP, dlq=dlq)
     return {"kills": kills, "times_delivered": delivered, "dead": dead, "applied": await applied(pool, stream),
-            "pending": seen["pending"], "parked": seen["parked"]}  # fmt: skip
+            "pending": seen["pending"], "parked": seen["parked"], "blocked_keys": seen["blocked_keys"]}  # fmt: skip
 
 
 async def outage_runs(pool, redis, stream: str, *, keys: int = 8, outage_s: float = 120.0) -> dict[str, dict]:
