@@ -458,3 +458,25 @@ def test_08_correct_answers_pass(task, name):
 def test_08_wrong_answers_are_rejected_for_the_reason(task, name):
     source, mentions = WRONG[task][name]
     assert_rejected(task, source, mentions=mentions)
+
+
+def test_08_a_run_that_straddled_a_minute_of_the_servers_clock_is_run_again_on_a_fresh_key(monkeypatch):
+    """Without now= a sliding window counter rightly admits one more across a whole minute of the server's
+    clock (6 of 12 at limit 5): the check judges a run that did not straddle one, so the verdict never
+    depends on when it ran. A loaded run of the suite once straddled one and failed this correct answer."""
+    from autograder.checks import ch08 as checks
+
+    minutes, keys = iter([7, 8, 8, 8]), []
+    turns = checks._skewed_turns
+
+    async def minute(ns) -> int:
+        return next(minutes)
+
+    async def recorded(workers, n, key, *args, **kwargs):
+        keys.append(key)
+        return await turns(workers, n, key, *args, **kwargs)
+
+    monkeypatch.setattr(checks, "_server_minute", minute)
+    monkeypatch.setattr(checks, "_skewed_turns", recorded)
+    assert_accepted("sliding_window", CORRECT["sliding_window"]["counter-two-keys-floor"])
+    assert [k for k in keys if k.startswith("sw:")] == ["sw:clock", "sw:clock:again"]
