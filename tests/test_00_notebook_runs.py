@@ -1,18 +1,19 @@
 """Every chapter in a real Jupyter kernel, the way a learner runs it (nbclient, quick mode).
 
-- The solution notebook runs top to bottom without an error, and its printed lines fit a
-  browser at 1,400 px. Its test cells run their public checks; the hidden ones are left out
-  here because tests/test_contract.py grades every solution through the grader itself.
+- The unfinished student notebook, as released, runs top to bottom in a fresh kernel (what
+  every learner meets first): no tracebacks, and every place that runs an unfinished answer
+  says ``not done yet`` in one line.
+- Then, in the same kernel, the solution notebook runs top to bottom without an error, and its
+  printed lines fit a browser at 1,400 px. Its test cells run their public checks; the hidden
+  ones are left out here because tests/test_contract.py grades every solution through the
+  grader itself. Its demo cells are the student notebook's, so this is also the learner's
+  re-run: afterwards the kernel holds no more PostgreSQL connections than after the first run,
+  nor more Redis clients than a shared client's bounded pool (re-running never leaks a pool or
+  a client).
 - Every claim a chapter checks against its measurement (:mod:`course.kit.claims`) held on a
   machine loaded by the rest of the suite (three workers on two cores): a claim missed in both
   runs fails the test, one missed once is reported as a warning (the learner would see it
   marked, with its reason).
-- Then, in the same kernel, the unfinished student notebook runs top to bottom: no tracebacks,
-  and every place that runs an unfinished answer says ``not done yet`` in one line. Its demo
-  cells are the solution's, so this is also the learner's re-run: afterwards the kernel holds
-  no more PostgreSQL connections than after the first run, nor more Redis clients than a
-  shared client's bounded pool (re-running never leaks a pool or a client). (The browser
-  tests run each student notebook again, in a fresh kernel, in JupyterLab.)
 
 ``NBGRADER_EXECUTION=autograde`` makes ``course.grading()`` true, so the demos run their
 small sizes (the same logic), and ``selfcheck`` steps aside.
@@ -208,33 +209,40 @@ def _long_lines(outputs) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_the_solution_then_the_student_notebook_run_in_one_kernel_without_growing_its_connections(chapter, kernel_env):
-    """The solution runs top to bottom, then the unfinished student notebook in the same kernel.
+def test_the_student_notebook_then_the_solution_run_in_one_kernel_without_growing_its_connections(chapter, kernel_env):
+    """The unfinished student notebook runs top to bottom in a fresh kernel, then the solution in the same kernel.
 
-    The student notebook runs every demo cell of the solution again, so its run is also the
-    re-run that a learner makes: a pool or client made on every run and never closed shows
-    as a connection gained from the first run to the second. (The browser tests run each
-    student notebook once more, in a fresh kernel, in JupyterLab.)
+    The first run is what every learner meets first: the released notebook, every answer a
+    stub. The solution runs every demo cell again, so its run is also the re-run a learner
+    makes once the answers are written: a pool or client made on every run and never closed
+    shows as a connection gained from the first run to the second.
     """
     import nbformat
 
+    student = nbformat.read(REPO / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    student.metadata["course_path"] = f"{chapter}-student"
     solution = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
     solution.metadata["course_path"] = f"{chapter}-solution"
     for cell in solution.cells:  # the grade itself is test_contract's: here the public checks run
         cell.source = HIDDEN.sub("", cell.source)
-    student = nbformat.read(REPO / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
-    student.metadata["course_path"] = f"{chapter}-student"
-    client = _client(solution)
+    client = _client(student)
     with client.setup_kernel():
-        first = _run_all(client, solution)
-        after_first = _connections(client, solution)
-        client.nb = student  # the same kernel: what a learner has after re-running
-        second = _run_all(client, student)
-        after_second = _settled(client, student, after_first)
-    assert not _errors(first), _errors(first)
-    assert not _long_lines(first), "printed lines wrap in the browser:\n" + "\n".join(_long_lines(first))
+        first = _run_all(client, student)
+        after_first = _connections(client, student)
+        client.nb = solution  # the same kernel: what a learner has after finishing and re-running
+        second = _run_all(client, solution)
+        after_second = _settled(client, solution, after_first)
+    assert not _errors(first), f"the student notebook, in a fresh kernel: {_errors(first)}"
+    for index, task in _graded_cells(student).items():
+        said = "".join(_text(out) for i, out in first if i == index).strip()
+        assert said.startswith(f"{task}: not done yet") and "\n" not in said, f"test cell of {task}: {said!r}"
+    try_its = [i for i, c in enumerate(student.cells) if c.cell_type == "code" and "with try_it():" in c.source]
+    for index in try_its:
+        said = "".join(_text(out) for i, out in first if i == index).strip()
+        assert said.splitlines()[-1].startswith("not done yet: "), f"try-it cell {index}: {said!r}"
 
-    assert not _errors(second), f"the student notebook, run after the solution: {_errors(second)}"
+    assert not _errors(second), f"the solution, run after the student notebook: {_errors(second)}"
+    assert not _long_lines(second), "printed lines wrap in the browser:\n" + "\n".join(_long_lines(second))
     # A claim the loaded machine missed in both runs is one the chapter must not make; one missed
     # once is what a learner may see too, with its reason, and is reported as a warning
     missed_first = {c.claim: c for c in claims.found_in(out for _, out in first) if not c.held}
@@ -246,13 +254,6 @@ def test_the_solution_then_the_student_notebook_run_in_one_kernel_without_growin
     )
     for c in {**missed_first, **missed_second}.values():
         warnings.warn(f"{chapter}: a claim missed once on a loaded run: {c.text()}", stacklevel=1)
-    for index, task in _graded_cells(student).items():
-        said = "".join(_text(out) for i, out in second if i == index).strip()
-        assert said.startswith(f"{task}: not done yet") and "\n" not in said, f"test cell of {task}: {said!r}"
-    try_its = [i for i, c in enumerate(student.cells) if c.cell_type == "code" and "with try_it():" in c.source]
-    for index in try_its:
-        said = "".join(_text(out) for i, out in second if i == index).strip()
-        assert said.splitlines()[-1].startswith("not done yet: "), f"try-it cell {index}: {said!r}"
 
     # PostgreSQL pools have fixed sizes: the count holds exactly. A redis-py pool opens another
     # connection when all are busy at once, so a re-run may peak higher, up to the shared
