@@ -126,12 +126,8 @@ async def _skewed_turns(workers: Workers, turns: int, *args, **kwargs) -> list:
 
 async def _server_minute(ns) -> int:
     """Which whole minute the Redis server's clock (``TIME``) is in."""
-    client = aioredis.Redis.from_url(ns.redis_url)
-    try:
-        seconds, _ = await client.time()
-    finally:
-        await client.aclose()
-    return int(seconds) // 60
+    async with aioredis.Redis.from_url(ns.redis_url) as client:
+        return int((await client.time())[0]) // 60
 
 
 async def _start_workers(r: Report, name: str, ns) -> Workers | None:
@@ -535,10 +531,8 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
     )
 
     # --- the server's clock -------------------------------------------------------------------------------
-    # Without now= the time is the Redis server's real clock. A sliding window counter (two fixed windows
-    # on whole minutes) rightly lets one more request through when the turns straddle a minute boundary,
-    # so a run that straddled one (by the server's TIME, read before and after) is run again on a fresh
-    # key: the next boundary is a minute away, and the verdict never depends on when the check ran.
+    # The server's real clock: a sliding window counter rightly admits one more across a whole minute, so a
+    # run that straddled one (by TIME) runs again on a fresh key; the verdict never depends on when it ran.
     for key in ("sw:clock", "sw:clock:again"):
         minute = await _server_minute(ns)
         results = await _skewed_turns(workers, 12, key, 5, 60.0)
