@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 from autograder.check import chapters
 
 from .jlab import Notebook, chapter_name, menu, menu_labels, open_lab, screenshot
@@ -55,9 +57,16 @@ def _validate(page, name: str) -> str:
 def test_validate_fails_an_unfinished_chapter_and_passes_the_solution(learner_lab, browser):
     """nbgrader's Validate button must not say "Success!" to a notebook worth 0 points."""
     first = chapter_name("00")
-    student = Notebook(browser, learner_lab, f"notebooks/{first}/{first}.ipynb")
+    # copies of their own: a notebook open in two tabs shares one kernel session in JupyterLab, and the
+    # chapter runs (test_chapters.py) have these two open at the same time; closing this test's tab shut
+    # their kernel down, and saving here raised "File Changed" over their save
+    for kind, folder in (("student", "notebooks"), ("solution", "solutions")):
+        copy = learner_lab.root / "validate" / kind / f"{first}.ipynb"
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(learner_lab.root / folder / first / f"{first}.ipynb", copy)
+    student = Notebook(browser, learner_lab, f"validate/student/{first}.ipynb")
     said = _validate(student.page, "validate-student-00")
     assert "Success" not in said and "not done yet" in said, said[-1500:]
-    solution = Notebook(browser, learner_lab, f"solutions/{first}/{first}.ipynb")
+    solution = Notebook(browser, learner_lab, f"validate/solution/{first}.ipynb")
     said = _validate(solution.page, "validate-solution-00")
     assert "Success! Your notebook passes all the tests." in said, said[-1500:]
