@@ -30,7 +30,7 @@ lab: $(READY)
 ## (installs bubblewrap, the grading sandbox, with apt-get when root and missing)
 test: $(READY)
 	bash tests/setup_sandbox.sh
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 3 --dist loadgroup $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n 4 --dist loadgroup $(PYTEST_ARGS)
 
 ## JupyterLab driven by headless Chromium (installs chromium and playwright when missing); the
 ## chapters run in the browser are BROWSER_CHAPTERS (make test-browser BROWSER_CHAPTERS=all: every one)

@@ -11,7 +11,7 @@
   nor more Redis clients than a shared client's bounded pool (re-running never leaks a pool or
   a client).
 - Every claim a chapter checks against its measurement (:mod:`course.kit.claims`) held on a
-  machine loaded by the rest of the suite (three workers on two cores): a claim missed in both
+  machine loaded by the rest of the suite (four workers on two cores): a claim missed in both
   runs fails the test, one missed once is reported as a warning (the learner would see it
   marked, with its reason).
 
