@@ -34,7 +34,7 @@ test: $(READY)
 
 ## JupyterLab driven by headless Chromium (installs chromium and playwright when missing); the
 ## chapters run in the browser are BROWSER_CHAPTERS (make test-browser BROWSER_CHAPTERS=all: every one)
-BROWSER_CHAPTERS ?= 00 01 13 14
+BROWSER_CHAPTERS ?= 00 13 14
 test-browser: $(READY)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/browser/setup.sh
 	PATH="$(CURDIR)/$(BIN):$$PATH" COURSE_BROWSER_TESTS=1 BROWSER_CHAPTERS="$(BROWSER_CHAPTERS)" \

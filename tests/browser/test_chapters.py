@@ -10,10 +10,10 @@ here). For each chapter:
 - its **solution notebook**, in the interactive chapters (below): Run All reaches the last
   cell with no error output (its hidden test cells grade every task, so a failing reference
   fails here too); its plots drawn and widgets rendered in the page, a slider next to a plot
-  redraws it (chapters 00 and 01 must have one); a screenshot.
+  redraws it (chapters 00 and 01 must have one, when selected); a screenshot.
 
 Which chapters: ``BROWSER_CHAPTERS`` (chapter numbers, or ``all``, the default here). `make
-test-browser`, which CI runs, picks 00 (the tour, what a learner meets first), 01 (a slider
+test-browser`, which CI runs, picks 00 (the tour, what a learner meets first, with a slider
 redrawing a plot), 13 (a live page embedded in the notebook) and 14 (the drills): every kind of
 output a browser shows, in about 3 minutes instead of the 9 that all fifteen take on 2 cores.
 `make test-browser BROWSER_CHAPTERS=all` runs every chapter.
@@ -46,7 +46,7 @@ from .chapters import Job, chapters, code_cells, interactive, meta, output_text,
 
 
 def _selected(found: list[str]) -> list[str]:
-    """``BROWSER_CHAPTERS``: chapter numbers ("00 01 13 14", what `make test-browser` runs) or "all"."""
+    """``BROWSER_CHAPTERS``: chapter numbers ("00 13 14", what `make test-browser` runs) or "all"."""
     wanted = os.environ.get("BROWSER_CHAPTERS", "all").replace(",", " ").split()
     return found if wanted == ["all"] else [c for c in found if c[:2] in wanted]
 
