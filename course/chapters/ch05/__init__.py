@@ -338,10 +338,6 @@ async def five_orders(pool, redis, stream: str, *, ordered: bool) -> dict[str, d
 ORDERS = ("publish", "deliver", "start", "finish", "commit")
 
 
-def order_of(marks: dict[str, dict[str, float]], stage: str) -> list[str]:
-    return sorted(marks, key=lambda m: marks[m].get(stage, float("inf")))
-
-
 def plot_five_orders(runs: dict[str, dict], ax=None):
     """Per run, one row per message: a dot per stage (publish ... commit), the handler as a bar."""
     from course.kit import plotting
@@ -650,3 +646,4 @@ five_orders_claim = _claims.five_orders_claim
 head_of_line_claims = _claims.head_of_line_claims
 kill_claims = _claims.kill_claims
 order_claims = _claims.order_claims
+order_of = _claims.order_of

@@ -4,9 +4,9 @@ arguments of :func:`course.kit.claims.check` (the notebook cell that ran it call
 from __future__ import annotations
 
 
-def _first(marks: dict[str, dict[str, float]], stage: str) -> str:
-    """The message that reached ``stage`` first in a run's marks."""
-    return min(marks, key=lambda m: marks[m].get(stage, float("inf")))
+def order_of(marks: dict[str, dict[str, float]], stage: str) -> list[str]:
+    """The messages of a run's marks in the order they reached ``stage`` (``ch05.order_of``)."""
+    return sorted(marks, key=lambda m: marks[m].get(stage, float("inf")))
 
 
 KLEPPMANN = "Kleppmann, DDIA (2017), ch. 11"
@@ -99,15 +99,15 @@ def order_claims(events: list[dict], states: dict[str, str]) -> list[dict]:
 
 def five_orders_claim(pool_run: dict, lane_run: dict) -> dict:
     """A worker pool commits A-2 first although A-1 came first; the per-key lane keeps A-1 first."""
-    first = {stage: _first(pool_run, stage) for stage in ("publish", "deliver", "commit")}
+    first = {stage: order_of(pool_run, stage)[0] for stage in ("publish", "deliver", "commit")}
     return dict(
         claim="a worker pool receives A-1 first (published and delivered first) and still commits A-2 first; "
         "the per-key lane commits A-1 first",
         measured=f"worker pool first to publish {first['publish']}, deliver {first['deliver']}, commit "
-        f"{first['commit']}; per-key lane first to commit {_first(lane_run, 'commit')}",
+        f"{first['commit']}; per-key lane first to commit {order_of(lane_run, 'commit')[0]}",
         held=first["publish"] == first["deliver"] == "A-1"
         and first["commit"] == "A-2"
-        and _first(lane_run, "commit") == "A-1",
+        and order_of(lane_run, "commit")[0] == "A-1",
         otherwise="A-1's handler takes 40 ms and A-2's 5 ms: only a stall of over 35 ms in A-2's commit alone "
         "lets A-1 commit first",
     )
