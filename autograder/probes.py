@@ -30,8 +30,8 @@ from pathlib import Path
 
 import redis as redis_sync
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
 
+from autograder import lockstep
 from autograder.harness import Report, cell_source, error_line
 from course.kit.faults import VirtualClock
 from course.kit.lab import LOCK_WAITERS
@@ -91,94 +91,13 @@ def seeded_random(r: Report):
 
 
 # ----------------------------------------------------------------------------- races in a Redis client
-#
-# A read-then-write on Redis loses a race only when the reads of concurrent callers all land
-# before their writes. ``gated_redis(url, n)`` makes that happen every time: a client whose
-# gate holds each caller's first command until all ``n`` callers have sent one. One Lua
-# script (or WATCH/MULTI) stays exact through it; a GET-then-SET lets all ``n`` read the same
-# state. Run the callers with ``await client.gate.run([make_call, ...])``.
 
 
-_caller: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller", default=None)
-
-
-class Gate:
-    """Holds each caller's first Redis command until ``n`` callers are held, then lets all go.
-
-    If the callers cannot all arrive (they queue on an in-process lock, say), the gate
-    opens once nothing on the loop can move, and says so.
-    """
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.held = 0
-        self.passed: set[int] = set()
-        self.open = asyncio.Event()
-        self.stalled = False
-
-    async def hold(self) -> None:
-        who = _caller.get()
-        if who is None or self.open.is_set() or who in self.passed:
-            return
-        self.passed.add(who)
-        self.held += 1
-        if self.held >= self.n:
-            self.open.set()
-            return
-        await self.open.wait()
-
-    async def watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        calm = 0
-        while not self.open.is_set():
-            await asyncio.sleep(0.003)
-            calm = calm + 1 if not getattr(loop, "_ready", None) else 0
-            if calm >= 10:
-                self.stalled = True
-                self.open.set()
-
-    async def run(self, calls: list) -> list:
-        async def one(i: int, make):
-            _caller.set(i)
-            return await make()
-
-        watcher = asyncio.ensure_future(self.watch())
-        try:
-            return await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)), return_exceptions=True)
-        finally:
-            self.open.set()
-            await watcher
-
-
-class _GatedPipeline(Pipeline):
-    gate: Gate
-
-    async def immediate_execute_command(self, *args, **options):
-        await self.gate.hold()
-        return await super().immediate_execute_command(*args, **options)
-
-    async def execute(self, raise_on_error: bool = True):
-        await self.gate.hold()
-        return await super().execute(raise_on_error)
-
-
-class _GatedRedis(aioredis.Redis):
-    gate: Gate
-
-    async def execute_command(self, *args, **options):
-        await self.gate.hold()
-        return await super().execute_command(*args, **options)
-
-    def pipeline(self, transaction: bool = True, shard_hint=None):
-        pipe = _GatedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
-        pipe.gate = self.gate
-        return pipe
-
-
-def gated_redis(url: str, n: int) -> _GatedRedis:
-    client = _GatedRedis.from_url(url, decode_responses=True)
-    client.gate = Gate(n)
-    return client
+def gated_redis(url: str, n: int) -> lockstep.GatedRedis:
+    """A client whose ``n`` callers run in lockstep (:mod:`autograder.lockstep`): each Redis command
+    is held until every caller still running has sent its own, so a read-then-write loses its race
+    on every run. Run the callers with ``await client.gate.run([make_call, ...])``."""
+    return lockstep.gated_redis(url, lockstep.Gate(n))
 
 
 # ----------------------------------------------------------------------------- worker processes
@@ -200,8 +119,10 @@ if spec["skew"]:
         setattr(time, name, shifted(getattr(time, name), int(spec["skew"] * 1e9)))
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 from autograder.child import build_namespace
+from autograder.lockstep import RemoteGate, gated_redis
 
 
 def build():
@@ -236,13 +157,21 @@ async def main():
         if cmd["op"] == "stop":
             return
 
-        async def one():
+        async def one(redis):
             try:
-                return shape(await fn(client, *cmd["args"], **cmd["kwargs"]))
+                return shape(await fn(redis, *cmd["args"], **cmd["kwargs"]))
             except Exception as err:
                 return {"error": f"{type(err).__name__}: {err}"[:200]}
 
-        results = await asyncio.gather(*(one() for _ in range(cmd["n"])))
+        if cmd.get("lockstep"):
+            gate = RemoteGate(cmd["n"], ctl, tag, me)
+            gated = gated_redis(redis_url, gate)
+            try:
+                results = await gate.run([lambda: one(gated) for _ in range(cmd["n"])])
+            finally:
+                await gated.aclose()
+        else:
+            results = await asyncio.gather(*(one(client) for _ in range(cmd["n"])))
         await ctl.rpush(f"{tag}:res:{me}", json.dumps(results))
 
 
@@ -364,6 +293,23 @@ class Workers:
         if got is None:
             raise TimeoutError(f"worker {i} did not answer within {timeout:g} s")
         return json.loads(got[1])
+
+    async def call_in_lockstep(self, n: int, *args, **kwargs) -> tuple[list, dict]:
+        """``n`` concurrent calls in every worker at once, all of them in one lockstep
+        (:mod:`autograder.lockstep`): each Redis command waits until every call still running, in
+        every process, has sent its own. The results of worker 0, then worker 1, ..., and how the
+        lockstep went (``rounds``, ``commands``, ``stalled``)."""
+        for i in range(len(self.procs)):
+            await self.ctl.rpush(
+                f"{self.tag}:cmd:{i}",
+                json.dumps({"op": "call", "n": n, "args": args, "kwargs": kwargs, "lockstep": True}),
+            )
+        alive = lambda: all(p.poll() is None for p in self.procs)  # noqa: E731
+        summary = await lockstep.coordinate(self.ctl, self.tag, len(self.procs), alive)
+        results = []
+        for i in range(len(self.procs)):
+            results += await self.receive(i)
+        return results, summary
 
     async def call(self, i: int, n: int, *args, **kwargs) -> list:
         await self.send(i, n, *args, **kwargs)

@@ -110,6 +110,19 @@ async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
     return ok, 0.0 if ok else (cost - tokens) / rate
 """
 
+
+def _under_a_lock(source: str, name: str) -> str:
+    """``source`` with the body of ``async def name`` run under one ``asyncio.Lock``: exact in one
+    process, a read-then-write race between two."""
+    head, body = source.split(f"async def {name}(", 1)
+    signature, body = body.split("\n", 1)
+    inner = "".join(f"    {line}\n" if line.strip() else "\n" for line in body.rstrip().splitlines())
+    return f"import asyncio\n{head}\n_lock = asyncio.Lock()\n\nasync def {name}({signature}\n    async with _lock:\n{inner}"
+
+
+TB_LOCKED = _under_a_lock(TB_GET_THEN_SET, "token_bucket")
+
+
 TB_CLIENT_TIME = """
 import time
 from course.ratelimit import TOKEN_BUCKET_LUA
@@ -318,6 +331,9 @@ async def sliding_window(redis, key, limit, window, now=None):
 """
 
 
+SW_LOCKED = _under_a_lock(SW_COUNT_THEN_ADD, "sliding_window")
+
+
 def _log_variant(replace: str, by: str, ret: str = "return bool(ok), wait_ms / 1000") -> str:
     from course.ratelimit import SLIDING_LOG_LUA
 
@@ -433,6 +449,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "refused-takes-tokens": (TB_DENIED_TAKES_TOKENS, "takes no tokens"),
         "lua-float-truncated": (TB_LUA_FLOAT_TRUNCATED, "into an integer"),
         "dict-in-one-process": (TB_IN_PROCESS, "not shared"),
+        "lock-in-one-process": (TB_LOCKED, "does not reach another"),
     },
     "sliding_window": {
         "fixed-window": (SW_FIXED_WINDOW, "double burst at the boundary"),
@@ -444,6 +461,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "wait-always-window": (SW_WAIT_WINDOW, "longer than it must be"),
         "counter-waits-for-next-window": (SW_COUNTER_WAITS_FOR_NEXT_WINDOW, "refused again"),
         "deque-in-one-process": (SW_IN_PROCESS, "not shared"),
+        "lock-in-one-process": (SW_LOCKED, "does not reach another"),
         "client-clock": (SW_CLIENT_TIME, "redis.call('TIME')"),
     },
 }
@@ -464,7 +482,7 @@ def test_08_a_run_that_straddled_a_minute_of_the_servers_clock_is_run_again_on_a
     """Without now= a sliding window counter rightly admits one more across a whole minute of the server's
     clock (6 of 12 at limit 5): the check judges a run that did not straddle one, so the verdict never
     depends on when it ran. A loaded run of the suite once straddled one and failed this correct answer."""
-    from autograder.checks import ch08 as checks
+    from autograder.checks.ch08 import window as checks
 
     minutes, keys = iter([7, 8, 8, 8]), []
     turns = checks._skewed_turns

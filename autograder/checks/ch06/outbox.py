@@ -58,6 +58,11 @@ async def _drain(relay, pool, probe, stream: str, limit: int = 10, rounds: int =
     return errors
 
 
+def _up_to(order: list, event) -> list:
+    """``order`` up to and including ``event``: what came after it (a duplicate, say) depends on timing."""
+    return order[: order.index(event) + 1] if event in order else order
+
+
 def _order(i: int, prefix: str) -> dict:
     return {"order_id": f"{prefix}-{i}", "customer": f"cust-{i}", "amount_cents": 1000 + 10 * i}
 
@@ -247,8 +252,8 @@ async def _check_outbox(r: Report, pool, redis, prefix: str, plan, control, plac
         ]
         r.fail(
             f"two relays at once published order {agg}'s events out of order: event {late} reached the stream "
-            f"before event {early}, while the first relay was held at its first publish (stream order "
-            f"{order_seen[agg]}). Likely causes: "
+            f"before event {early}, while the first relay was held at its first publish (the stream began "
+            f"{_up_to(order_seen[agg], early)}). Likely causes: "
             + "; or ".join(causes if skips else causes[1:])
             + ". Keep one order's events with one relay at a time: one active relay (an advisory lock), relays "
             "that own partitions of the aggregate ids, or FOR UPDATE that waits"
