@@ -297,7 +297,8 @@ async def _dead_letters(r: Report, consumer, ns, watcher, admin) -> None:
         )
         rows = await applied(watcher, world)
         got = per_key(rows)
-        late = [m for m in got.get("P", []) + got.get("X", [])]
+        # named in id order: the order they were applied in depends on the consumers' timing
+        late = sorted(got.get("P", []) + got.get("X", []), key=lambda m: (m[0], int(m.split("-")[1])))
         if late:
             r.fail(
                 f"{', '.join(late)} applied after the first message of its key was dead-lettered: the key's state "

@@ -214,8 +214,7 @@ async def _check_outbox(r: Report, pool, redis, prefix: str, plan, control, plac
     probe_a.release()
     first = await asyncio.wait_for(asyncio.gather(task_a, task_b, return_exceptions=True), CALL_LIMIT)
     errors = [error_line(x, 80) for x in first if isinstance(x, BaseException)]
-    rounds = 0
-    for rounds in range(1, 40):  # noqa: B007 - the count is reported
+    for _ in range(1, 40):
         got = await asyncio.wait_for(
             asyncio.gather(call("first", a, probe_a), call("second", b, probe_b), return_exceptions=True),
             CALL_LIMIT,
@@ -226,7 +225,7 @@ async def _check_outbox(r: Report, pool, redis, prefix: str, plan, control, plac
     over = [(name, n) for name, n in calls if n > 4]
     r.expect(
         not over,
-        f"every call published at most limit=4 events ({len(calls)} calls)",
+        "every call published at most limit=4 events",  # how many calls drained it depends on timing
         f"calls of relay_batch(limit=4) published {[n for _, n in over]} events: publish at most `limit` per call",
     )
     order_seen = per_aggregate(await redis.xrange(stream))
@@ -258,7 +257,7 @@ async def _check_outbox(r: Report, pool, redis, prefix: str, plan, control, plac
             + ". Keep one order's events with one relay at a time: one active relay (an advisory lock), relays "
             "that own partitions of the aggregate ids, or FOR UPDATE that waits"
         )
-    r.ok(f"and each order's events in id order (drained in {rounds} more round(s) of both relays)")
+    r.ok("and each order's events in id order (both relays called again until the outbox was drained)")
 
     # --- a crash between publishing and marking -------------------------------------------------------
     await _mark_all_published(pool)
