@@ -221,6 +221,68 @@ def _importable(name: str, value) -> list | None:
     return ["attr", name, module, qualname] if found is value else None
 
 
+def _spec_of(r: Report, name: str) -> dict:
+    """What a fresh process needs to define ``name`` as the answer does: its cell and the notebook
+    names that cell uses, or the module to import it from."""
+    fn = r.namespace[name]
+    imported = _importable(name, fn)
+    if imported is not None:  # imported from a module (the course's own reference): import it there too
+        return {"source": "", "filename": "<import>", "env": [imported], "fn": name}
+    found = cell_source(fn)
+    if found is None:
+        raise LookupError(f"cannot find the cell that defines {name}; run it again")
+    filename, source = found
+    return {"source": source, "filename": filename, "env": _environment(r.namespace, source), "fn": name}
+
+
+FRESH = r"""
+import json, sys
+from autograder.child import build_namespace
+job = json.load(sys.stdin)
+out, cells = [], {}  # one namespace per cell: two functions of one cell share its state, as in the notebook
+for name, args in job["calls"]:
+    try:
+        spec = job["specs"][name]
+        cell = (spec["filename"], spec["source"]) if spec["source"] else ("<import>", name)
+        if cell not in cells:
+            cells[cell] = build_namespace(spec)
+        out.append({"ok": cells[cell][name](*args)})
+    except Exception as err:
+        out.append({"error": f"{type(err).__name__}: {err}"[:200]})
+json.dump(out, sys.stdout, default=repr)
+"""
+
+
+def in_fresh_process(r: Report, calls: list[tuple[str, list]], timeout: float = 30.0) -> list:
+    """``[name(*args) for name, args in calls]`` in a new Python process with a fixed ``PYTHONHASHSEED``
+    (another replica of the service, whose ``hash()`` of a str or bytes differs from this one's), each
+    answer cell run afresh there: ``[{"ok": value} | {"error": "Type: message"}, ...]``. Plain
+    functions of JSON-able arguments only."""
+    specs = {name: _spec_of(r, name) for name in {name for name, _ in calls}}
+    hashseed = 2 if os.environ.get("PYTHONHASHSEED") == "1" else 1  # never this process's own
+    env = dict(
+        os.environ,
+        PYTHONHASHSEED=str(hashseed),
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", FRESH],
+            input=json.dumps({"specs": specs, "calls": calls}),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=env,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the answer did not finish within {timeout:g} s in a fresh process") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"in a fresh process the answer cell failed: {last[:200]}")
+    return json.loads(done.stdout)
+
+
 class Workers:
     """The learner's answer, run in ``len(skews)`` fresh Python processes, as replicas on other hosts.
 
@@ -235,23 +297,14 @@ class Workers:
     """
 
     def __init__(self, r: Report, name: str, redis_url: str, skews: tuple[float, ...] = (0.0, 0.0)) -> None:
-        fn = r.namespace[name]
-        imported = _importable(name, fn)
-        if imported is not None:  # imported from a module (the course's own reference): import it there too
-            filename, source, names = "<import>", "", [imported]
-        else:
-            found = cell_source(fn)
-            if found is None:
-                raise LookupError(f"cannot find the cell that defines {name}; run it again")
-            filename, source = found
-            names = _environment(r.namespace, source)
+        base = _spec_of(r, name)
         self.tag = f"ch08:workers:{secrets.token_hex(4)}"
         self.redis_url = redis_url
         self.procs: list[subprocess.Popen] = []
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with redis_sync.Redis.from_url(redis_url, decode_responses=True) as boot:
             for i, skew in enumerate(skews):
-                spec = {"source": source, "filename": filename, "env": names, "fn": name, "skew": skew}
+                spec = {**base, "skew": skew}
                 boot.set(f"{self.tag}:spec:{i}", json.dumps(spec), ex=600)
         for i in range(len(skews)):
             self.procs.append(

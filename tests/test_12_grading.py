@@ -205,6 +205,14 @@ KEY_DRAWN_AT_START = FEISTEL.replace(
     "import os\nfrom course.shortener import ALPHABET, ID_SPACE\nCODE_KEY = os.urandom(16)  # a fresh key per process",
 )
 
+# a round function on Python's hash(): the same in every replica inside one process, different in
+# another process (PYTHONHASHSEED randomizes the hash of str and bytes)
+HASH_ROUND = FEISTEL.replace(
+    'return int.from_bytes(hashlib.blake2b(bytes([i]) + half.to_bytes(3, "big"), key=CODE_KEY, digest_size=3).digest(), "big") & 0x1FFFFF',
+    "return hash((CODE_KEY, i, half)) & 0x1FFFFF",
+)
+assert HASH_ROUND != FEISTEL
+
 NO_CYCLE_WALK = FEISTEL.replace("    while n >= ID_SPACE:\n        n = _perm(n)\n", "    n %= ID_SPACE\n")
 
 NO_PADDING = FEISTEL.replace(
@@ -463,6 +471,14 @@ async def resolve(code, redis, pool, breaker):
     return url
 """
 
+
+# jittered TTLs (what course/shortener.py does): the feedback must read the same on every run
+RESOLVE_JITTERED = RESOLVE.replace("import contextlib\n", "import contextlib, random\n", 1).replace(
+    'redis.set(key, url or "", ex=int(CACHE_TTL if url else MISS_TTL))',
+    'redis.set(key, url or "", px=int((CACHE_TTL if url else MISS_TTL) * 1000 * random.uniform(0.9, 1.1)))',
+)
+assert RESOLVE_JITTERED != RESOLVE
+
 RESOLVE_JSON = """
 import json, random
 from course.breaker import CircuitOpenError
@@ -618,6 +634,7 @@ CORRECT: dict[str, dict[str, str]] = {
     "resolve": {
         "sentinel": RESOLVE,
         "json": RESOLVE_JSON,
+        "jittered-ttl": RESOLVE_JITTERED,
     },
 }
 
@@ -629,6 +646,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "multiplied": (MULTIPLIED, "fixed step"),
         "xor": (XOR_KEY, "7 characters"),
         "key-per-process": (KEY_DRAWN_AT_START, "replica"),
+        "round-function-on-hash": (HASH_ROUND, "PYTHONHASHSEED"),
         "no-cycle-walk": (NO_CYCLE_WALK, "cycle-walking"),
         "no-padding": (NO_PADDING, "pad"),
         "no-decode-validation": (NO_DECODE_VALIDATION, "expected ValueError"),

@@ -147,6 +147,37 @@ async def record_score(pool, r, event):
 """
 )
 
+RECORD_CHECK_THEN_INSERT = (
+    HEADER
+    + """
+async def record_score(pool, r, event):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT 1 FROM leaderboard_events WHERE event_id = %s", (event["event_id"],))
+        if await cur.fetchone() is not None:
+            return False
+        await conn.execute(
+            "INSERT INTO leaderboard_events (event_id, player, points, at) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING",
+            (event["event_id"], event["player"], event["points"], event["at"]))
+        cur = await conn.execute(
+            "INSERT INTO leaderboard_scores AS s (player, points, reached_at) VALUES (%s, %s, %s) "
+            "ON CONFLICT (player) DO UPDATE SET points = s.points + EXCLUDED.points, "
+            "reached_at = GREATEST(s.reached_at, EXCLUDED.reached_at) RETURNING points, reached_at",
+            (event["player"], event["points"], event["at"]))
+        points, reached_at = await cur.fetchone()
+    await r.zadd(BOARD, {event["player"]: encode(points, reached_at)}, gt=True)
+    return True
+"""
+)
+
+# the same under a lock per event id: exact in one process, not between two replicas
+RECORD_CHECK_THEN_INSERT_LOCKED = RECORD_CHECK_THEN_INSERT.replace(
+    "async def record_score(pool, r, event):\n",
+    "import asyncio\nfrom collections import defaultdict\n_locks = defaultdict(asyncio.Lock)\n\n"
+    "async def record_score(pool, r, event):\n    async with _locks[event['event_id']]:\n        return await _record(pool, r, event)\n\n"
+    "async def _record(pool, r, event):\n",
+)
+
 RECORD_IN_PROCESS_SEEN = (
     HEADER
     + """
@@ -586,6 +617,8 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "dedup-row-written-not-consulted": (RECORD_DEDUP_TABLE_NOT_CONSULTED, "applied once"),
         "zincrby-raw-points-every-delivery": (RECORD_ZINCRBY_RAW, "raw points"),
         "in-process-seen-set": (RECORD_IN_PROCESS_SEEN, "state kept in one process is not shared"),
+        "check-then-insert": (RECORD_CHECK_THEN_INSERT, "check, then insert"),
+        "check-then-insert-under-a-lock": (RECORD_CHECK_THEN_INSERT_LOCKED, "does not reach another"),
         "dedup-in-redis": (RECORD_DEDUP_IN_REDIS, "dedup record must live where the points live"),
         "raw-points-ties-by-name": (RECORD_RAW_POINTS, "raw points"),
         "reached-at-of-last-delivery": (RECORD_LAST_DELIVERED_AT, "latest of its events"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autograder.harness import Report, error_line, task
+from autograder.probes import in_fresh_process
 from course import shortener
 from course.chapters import ch12
 
@@ -142,4 +143,26 @@ async def check_codes(r: Report, encode_code, decode_code) -> None:
         f"a second replica of your cell gives the same code for {same} of {len(probe)} ids, and a third decodes "
         f"{across} of {len(probe)} of the first one's codes: the key or the shuffle is drawn when the cell runs, "
         "so each replica of the service makes codes the others cannot resolve. Use the configured CODE_KEY",
+    )
+    # another process, whose hash() of a str or bytes differs (PYTHONHASHSEED): the replicas above share
+    # this process's, so a round function built on hash() would agree with itself there and only there
+    few = probe[:50]
+    try:
+        got = in_fresh_process(
+            r, [("encode_code", [n]) for n in few] + [("decode_code", [encode_code(n)]) for n in few]
+        )
+    except RuntimeError as err:
+        r.fail(str(err))
+    codes, back = got[: len(few)], got[len(few) :]
+    same = sum(x.get("ok") == encode_code(n) for x, n in zip(codes, few, strict=True))
+    across = sum(x.get("ok") == n for x, n in zip(back, few, strict=True))
+    errors = [x["error"] for x in got if "error" in x]
+    r.expect(
+        same == len(few) and across == len(few),
+        "a replica in another Python process (another PYTHONHASHSEED) gives the same codes and decodes yours",
+        f"a replica in another Python process gives the same code for {same} of {len(few)} ids and decodes {across} "
+        f"of {len(few)} of yours"
+        + (f" (it raised {errors[0]})" if errors else "")
+        + ". Python's hash() of a str or bytes changes from process to process (PYTHONHASHSEED): derive the round "
+        "function from CODE_KEY with hashlib (or hmac), which every process computes alike",
     )

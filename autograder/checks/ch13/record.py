@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import psycopg
 
 from autograder.checks.ch13.rig import (
@@ -15,12 +13,14 @@ from autograder.checks.ch13.rig import (
     _events,
     _show,
     _totals,
+    close_events_gate,
     close_score_gate,
     install_score_gate,
+    open_events_gate,
     open_score_gate,
 )
 from autograder.harness import Report, task
-from autograder.probes import hooked_redis, tally
+from autograder.probes import Crowd, hooked_redis, tally
 from course import leaderboard as lb
 from course.kit import lab
 
@@ -93,8 +93,20 @@ async def _check_record_score(r: Report, record_score, ns, pool, plain, learner,
     r.note("two replicas of record_score (your answer cell run twice, as two processes of a service) share the work")
 
     # --- one event delivered six times at once, through both replicas ------------------------
+    # every INSERT into leaderboard_events waits in PostgreSQL until all six deliveries are parked (or
+    # can get no further), so a look-up before the insert finds the event absent on every run
     dup = _event("e-bo-1", "bo", 20, 300)
-    results = await asyncio.gather(*(((a, b)[i % 2])(pool, learner, dup) for i in range(6)), return_exceptions=True)
+    await close_events_gate(watcher)
+    crowd = Crowd(6, watcher, on_settled=lambda: open_events_gate(watcher))
+    try:
+        results = await crowd.run(lambda i: ((a, b)[i % 2])(pool, learner, dup))
+    finally:
+        await open_events_gate(watcher)
+    r.note(
+        "one event delivered 6 times at once, 3 through each replica; the check held every INSERT into "
+        "leaderboard_events until all six were parked"
+        + (f" ({6 - crowd.blocked_at_release} could not get that far: queued in-process?)" if crowd.stalls else "")
+    )
     applied = sum(1 for x in results if x is True)
     errors = [x for x in results if isinstance(x, BaseException)]
     totals, board = await _totals(pool), await _board(plain)
@@ -103,6 +115,19 @@ async def _check_record_score(r: Report, record_score, ns, pool, plain, learner,
             await (await conn.execute("SELECT count(*) FROM leaderboard_events WHERE event_id = 'e-bo-1'")).fetchone()
         )[0]
     ok = applied == 1 and not errors and totals.get("bo") == (20, 300) and board.get("bo") == lb.encode(20, 300)
+    if not ok and applied >= 2 and crowd.stalls:
+        r.fail(
+            f"one event delivered 6 times at once through two replicas was applied {applied} times: in each replica "
+            "the deliveries queued on something in-process (a lock?), so each replica let one through, and both "
+            "found the event new. A lock in one process does not reach another; claim the event id in PostgreSQL "
+            "(INSERT ... ON CONFLICT DO NOTHING RETURNING) in the transaction that adds the points"
+        )
+    if not ok and applied > 2 and rows == 1:
+        r.fail(
+            f"one event delivered 6 times at once through two replicas was applied {applied} times: every delivery "
+            "looked the event id up before any had inserted it (check, then insert), so all found it new. Claim it "
+            "with INSERT ... ON CONFLICT DO NOTHING RETURNING and apply the points only when a row came back"
+        )
     if not ok and applied == 2 and totals.get("bo") == (40, 300):
         r.fail(
             "one event delivered 6 times at once through two replicas was applied twice (bo has 40 points, expected 20): "

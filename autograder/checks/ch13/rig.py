@@ -179,21 +179,27 @@ def _event(event_id: str, player: str, points: int, at: int) -> dict:
     return {"event_id": event_id, "player": player, "points": points, "at": at}
 
 
-# ----------------------------------------------------------------------------- the score gate
+# ----------------------------------------------------------------------------- gates in PostgreSQL
+# A closed gate makes every INSERT or UPDATE of its table wait inside PostgreSQL (a trigger takes
+# a shared advisory lock the check holds exclusively), so concurrent callers all get as far as
+# that write, and the check sees them parked on a lock, before any of them commits.
 SCORE_GATE_LOCK = 13_013
-SCORE_GATE = """
-CREATE TABLE IF NOT EXISTS ch13_score_gate (closed boolean PRIMARY KEY);
-CREATE OR REPLACE FUNCTION ch13_score_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+EVENTS_GATE_LOCK = 13_014
+_GATE = """
+CREATE TABLE IF NOT EXISTS {name} (closed boolean PRIMARY KEY);
+CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM ch13_score_gate) THEN
-        PERFORM pg_advisory_xact_lock_shared(%(lock)s);
+    IF EXISTS (SELECT 1 FROM {name}) THEN
+        PERFORM pg_advisory_xact_lock_shared({lock});
     END IF;
     RETURN NEW;
 END $$;
-DROP TRIGGER IF EXISTS ch13_score_gate ON leaderboard_scores;
-CREATE TRIGGER ch13_score_gate BEFORE INSERT OR UPDATE ON leaderboard_scores
-    FOR EACH ROW EXECUTE FUNCTION ch13_score_gate();
-""".replace("%(lock)s", str(SCORE_GATE_LOCK))
+DROP TRIGGER IF EXISTS {name} ON {table};
+CREATE TRIGGER {name} BEFORE INSERT OR UPDATE ON {table}
+    FOR EACH ROW EXECUTE FUNCTION {name}();
+"""
+SCORE_GATE = _GATE.format(name="ch13_score_gate", table="leaderboard_scores", lock=SCORE_GATE_LOCK)
+EVENTS_GATE = _GATE.format(name="ch13_events_gate", table="leaderboard_events", lock=EVENTS_GATE_LOCK)
 
 
 async def install_score_gate(conn) -> None:
@@ -209,3 +215,15 @@ async def close_score_gate(conn) -> None:
 async def open_score_gate(conn) -> None:
     await conn.execute("DELETE FROM ch13_score_gate")
     await conn.execute("SELECT pg_advisory_unlock_all()")
+
+
+async def close_events_gate(conn) -> None:
+    """Inserts into ``leaderboard_events`` wait inside PostgreSQL until :func:`open_events_gate`."""
+    await conn.execute(EVENTS_GATE)
+    await conn.execute("SELECT pg_advisory_lock(%s)", (EVENTS_GATE_LOCK,))
+    await conn.execute("INSERT INTO ch13_events_gate VALUES (true) ON CONFLICT DO NOTHING")
+
+
+async def open_events_gate(conn) -> None:
+    await conn.execute("DELETE FROM ch13_events_gate")
+    await conn.execute("SELECT pg_advisory_unlock(%s)", (EVENTS_GATE_LOCK,))
