@@ -185,21 +185,32 @@ def _event(event_id: str, player: str, points: int, at: int) -> dict:
 # that write, and the check sees them parked on a lock, before any of them commits.
 SCORE_GATE_LOCK = 13_013
 EVENTS_GATE_LOCK = 13_014
-_GATE = """
-CREATE TABLE IF NOT EXISTS {name} (closed boolean PRIMARY KEY);
-CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+SCORE_GATE = f"""
+CREATE TABLE IF NOT EXISTS ch13_score_gate (closed boolean PRIMARY KEY);
+CREATE OR REPLACE FUNCTION ch13_score_gate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM {name}) THEN
-        PERFORM pg_advisory_xact_lock_shared({lock});
+    IF EXISTS (SELECT 1 FROM ch13_score_gate) THEN
+        PERFORM pg_advisory_xact_lock_shared({SCORE_GATE_LOCK});
     END IF;
     RETURN NEW;
 END $$;
-DROP TRIGGER IF EXISTS {name} ON {table};
-CREATE TRIGGER {name} BEFORE INSERT OR UPDATE ON {table}
-    FOR EACH ROW EXECUTE FUNCTION {name}();
+DROP TRIGGER IF EXISTS ch13_score_gate ON leaderboard_scores;
+CREATE TRIGGER ch13_score_gate BEFORE INSERT OR UPDATE ON leaderboard_scores
+    FOR EACH ROW EXECUTE FUNCTION ch13_score_gate();
 """
-SCORE_GATE = _GATE.format(name="ch13_score_gate", table="leaderboard_scores", lock=SCORE_GATE_LOCK)
-EVENTS_GATE = _GATE.format(name="ch13_events_gate", table="leaderboard_events", lock=EVENTS_GATE_LOCK)
+EVENTS_GATE = f"""
+CREATE TABLE IF NOT EXISTS ch13_events_gate (closed boolean PRIMARY KEY);
+CREATE OR REPLACE FUNCTION ch13_events_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM ch13_events_gate) THEN
+        PERFORM pg_advisory_xact_lock_shared({EVENTS_GATE_LOCK});
+    END IF;
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS ch13_events_gate ON leaderboard_events;
+CREATE TRIGGER ch13_events_gate BEFORE INSERT OR UPDATE ON leaderboard_events
+    FOR EACH ROW EXECUTE FUNCTION ch13_events_gate();
+"""
 
 
 async def install_score_gate(conn) -> None:
