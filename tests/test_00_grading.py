@@ -32,6 +32,42 @@ async def count_visit(redis, pool, page):
     return count
 """
 
+# the read-add-write under a lock: exact in one process, two replicas each have their own lock
+GET_THEN_SET_UNDER_A_LOCK = """
+import asyncio
+_lock = asyncio.Lock()
+
+async def count_visit(redis, pool, page):
+    key = f"visits:{page}"
+    async with _lock:
+        count = int(await redis.get(key) or 0) + 1
+        await redis.set(key, count)
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO visits (page) VALUES (%s)", (page,))
+    return count
+"""
+
+# the same race through other commands than a plain GET
+MGET_THEN_SET = """
+async def count_visit(redis, pool, page):
+    key = f"visits:{page}"
+    (value,) = await redis.mget([key])
+    await redis.set(key, int(value or 0) + 1)
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO visits (page) VALUES (%s)", (page,))
+    return int(value or 0) + 1
+"""
+
+RIGHT_LUA = """
+SCRIPT = "local n = tonumber(redis.call('GET', KEYS[1]) or '0') + 1; redis.call('SET', KEYS[1], n); return n"
+
+async def count_visit(redis, pool, page):
+    count = await redis.eval(SCRIPT, 1, f"visits:{page}")
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO visits (page) VALUES (%s)", (page,))
+    return int(count)
+"""
+
 REDIS_ONLY = """
 async def count_visit(redis, pool, page):
     return await redis.incr(f"visits:{page}")
@@ -84,6 +120,8 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "count_visit": {
         "get then set": (GET_THEN_SET, "lost updates"),
         "insert first, then get and set": (INSERT_FIRST_THEN_GET_AND_SET, "lost updates"),
+        "get then set under a lock": (GET_THEN_SET_UNDER_A_LOCK, "a lock in one process does not reach another"),
+        "mget then set": (MGET_THEN_SET, "lost updates"),
         "redis only": (REDIS_ONLY, "visits rows per page, expected"),
         "wrong key": (WRONG_KEY, "Redis holds"),
         "count read back with GET": (READ_BACK_WITH_GET, "read back with GET"),
@@ -96,6 +134,7 @@ CORRECT: dict[str, dict[str, str]] = {
         "incr and an insert": RIGHT_INCR,
         "a transaction and a pipeline": RIGHT_PIPELINE_AND_TRANSACTION,
         "insert first, then incrby": INCRBY_AND_INT,
+        "a lua script": RIGHT_LUA,
     },
 }
 

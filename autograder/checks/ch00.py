@@ -1,55 +1,21 @@
 """Hidden checks of chapter 00 (setup and tour): the warm-up task that touches both servers.
 
-The concurrent burst holds every plain ``GET`` of a ``visits:`` key until all callers have
-read (or none has arrived for :data:`IDLE` seconds), so a read-add-write answer loses the
-same updates on every run instead of whichever ones the scheduler happened to interleave.
+The concurrent burst runs in lockstep (:mod:`autograder.lockstep`): each Redis command waits
+until every visit still running has sent its own, so a read-add-write answer loses the same
+updates on every run instead of whichever ones the scheduler happened to interleave. The
+visits alternate between two replicas of the answer cell, so a lock kept in one process (each
+replica has its own) does not hide the race either.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
 from autograder.harness import Report, task
+from autograder.probes import gated_redis, tally
 from autograder.rules import Rule
 from course.chapters.ch00 import setup_visits
 from course.kit import lab
-
-#: real seconds a held GET waits for more readers before it goes on alone (code that reads
-#: one caller at a time, behind a lock, pays this once per read and still passes)
-IDLE = 2.0
-
-
-class HeldReads:
-    """A ``redis.asyncio.Redis`` whose ``get`` of a ``visits:`` key waits until ``expected``
-    reads are waiting (or none arrived for :data:`IDLE` s), then lets them all through."""
-
-    def __init__(self, redis, expected: int) -> None:
-        self._redis = redis
-        self._expected = expected
-        self._waiting = 0
-        self._arrived = asyncio.Event()
-        self._open = asyncio.Event()
-        self.held = 0
-
-    def __getattr__(self, name):
-        return getattr(self._redis, name)
-
-    async def get(self, name, *args, **kwargs):
-        if str(name).startswith("visits:") and not self._open.is_set():
-            self._waiting += 1
-            self.held += 1
-            self._arrived.set()
-            if self._waiting >= self._expected:
-                self._open.set()
-            while not self._open.is_set():
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), IDLE)
-                except TimeoutError:
-                    break
-            self._waiting -= 1
-        return await self._redis.get(name, *args, **kwargs)
 
 
 @task("count_visit", points=2, title="count a visit in Redis and PostgreSQL", timeout=60)
@@ -87,19 +53,31 @@ async def check_count_visit(r: Report, count_visit) -> None:
         )
 
         pages = ["home"] * 19 + ["about"] * 5
-        held = HeldReads(redis, len(pages))
-        got = await asyncio.gather(*(count_visit(held, pool, p) for p in pages))
-        home = sorted(v for p, v in zip(pages, got, strict=True) if p == "home")
+        replicas = r.replicas("count_visit", 2)
+        gated = gated_redis(ns.redis_url, len(pages))
+        try:
+            got = await gated.gate.run([lambda i=i, p=p: replicas[i % 2](gated, pool, p) for i, p in enumerate(pages)])
+        finally:
+            await gated.aclose()
         r.note(
-            "then 24 visits at once, 19 more of 'home' and 5 of 'about' (a GET of a visits: key waits for the others)"
+            "then 24 visits at once, 19 more of 'home' and 5 of 'about', through two replicas of your cell (as two "
+            "processes of a service); each Redis command waits until every visit still running has sent its own"
         )
+        errors = [x for x in got if isinstance(x, BaseException)]
+        r.expect(not errors, "all 24 visits returned", f"of the 24 concurrent visits, some raised: {tally(errors)}")
+        home = sorted(v for p, v in zip(pages, got, strict=True) if p == "home")
         repeated = sorted(v for v, n in Counter(home).items() if n > 1)
+        queued = (
+            " In each replica the visits queued on something in-process (a lock?), and the two replicas read the "
+            "same counter at the same time: a lock in one process does not reach another."
+            if gated.gate.stalled
+            else ""
+        )
         r.expect(
             home == list(range(2, 21)),
             "the 19 concurrent 'home' visits returned 2..20, each once",
-            # which counts repeat depends on how the held reads were let go: the line names only the fact
-            "the 19 concurrent 'home' visits returned the same count more than once: lost updates. Reading the "
-            "counter (GET), adding one and writing it back is not atomic (use INCR)"
+            "the 19 concurrent 'home' visits returned the same count more than once: lost updates." + queued + " "
+            "Reading the counter (GET), adding one and writing it back is not atomic (use INCR)"
             if repeated
             else f"the 19 concurrent 'home' visits returned {home}, expected 2..20, each once",
         )
@@ -147,12 +125,19 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "two visits must never get the same count",
-            "check_count_visit: 24 visits at once, every GET of a visits: key held until all have read",
+            "check_count_visit: 24 visits at once in lockstep, each Redis command held until every visit has sent "
+            "its own",
             wrong="get then set",
         ),
         Rule(
+            "through two replicas of your answer cell",
+            "check_count_visit: the visits alternate between two replicas, so each replica's own lock lets one "
+            "through per round and the two read the same counter",
+            wrong="get then set under a lock",
+        ),
+        Rule(
             "Reading the counter, adding one and writing it back loses updates under concurrency",
-            "check_count_visit: the held GETs make a read-add-write answer repeat counts on every run",
+            "check_count_visit: the lockstep makes a read-add-write answer repeat counts on every run",
             wrong="get then set",
         ),
     ],
