@@ -74,6 +74,12 @@ RULES: dict[str, list[Rule]] = {
             "and decode each other's",
             "key-per-process",
         ),
+        Rule(
+            "one of them in another Python process",
+            "check_codes: a replica in a fresh process with another PYTHONHASHSEED must give the same codes and "
+            "decode yours (hash() of str or bytes differs between processes)",
+            "round-function-on-hash",
+        ),
     ],
     "create_link": [
         Rule(

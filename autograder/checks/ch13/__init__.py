@@ -40,6 +40,18 @@ RULES: dict[str, list[Rule]] = {
             "in-process-seen-set",
         ),
         Rule(
+            "holding every insert into `leaderboard_events` in PostgreSQL until all six deliveries got that far",
+            "_check_record_score: the six deliveries wait in PostgreSQL at their insert (a trigger on a closed "
+            "gate) until all are parked, so a look-up before the insert finds the event absent every run",
+            "check-then-insert",
+        ),
+        Rule(
+            "state kept in module variables is not shared",
+            "_check_record_score: the six deliveries alternate between two replicas, each with its own module "
+            "state; a per-process lock lets one through in each, and both find the event new",
+            "check-then-insert-under-a-lock",
+        ),
+        Rule(
             "Record each applied event in `leaderboard_events`",
             "_check_record_score: after Redis is wiped (FLUSHDB) an old event delivered again must not count "
             "again: the dedup record lives in PostgreSQL with the points",
