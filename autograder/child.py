@@ -2,7 +2,7 @@
 
 The grader sends the answer cell's source and, from :func:`autograder.probes._environment`, the
 notebook names that cell uses: ``["module", name, module]``, ``["attr", name, module, qualname]``
-or ``["value", name, value]``. Standard library only: it runs first in every child.
+``["value", name, value]`` or ``["bytes", name, hex]``. Standard library only: it runs first in every child.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ def build_namespace(spec: dict) -> dict:
                 for part in entry[3].split("."):
                     obj = getattr(obj, part)
                 ns[entry[1]] = obj
+            elif entry[0] == "bytes":
+                ns[entry[1]] = bytes.fromhex(entry[2])
             else:
                 ns[entry[1]] = entry[2]
         except Exception:  # noqa: BLE001, S110 - a name that cannot come back: the cell's own error names it

@@ -19,6 +19,7 @@ import inspect
 import json
 import os
 import random
+import re
 import secrets
 import subprocess
 import sys
@@ -199,9 +200,16 @@ def _environment(namespace: dict, source: str) -> list:
             env.append(["module", name, value.__name__])
         elif isinstance(value, (bool, int, float, str)) or value is None:
             env.append(["value", name, value])
+        elif isinstance(value, bytes):  # a key from a setup cell (chapter 12's CODE_KEY)
+            env.append(["bytes", name, value.hex()])
         elif (entry := _importable(name, value)) is not None:
             env.append(entry)
     return env
+
+
+def carried(namespace: dict, source: str) -> set[str]:
+    """The notebook names a fresh process gets for the answer cell ``source`` (:func:`_environment`)."""
+    return {entry[1] for entry in _environment(namespace, source)}
 
 
 def _importable(name: str, value) -> list | None:
@@ -257,7 +265,8 @@ def in_fresh_process(r: Report, calls: list[tuple[str, list]], timeout: float = 
     """``[name(*args) for name, args in calls]`` in a new Python process with a fixed ``PYTHONHASHSEED``
     (another replica of the service, whose ``hash()`` of a str or bytes differs from this one's), each
     answer cell run afresh there: ``[{"ok": value} | {"error": "Type: message"}, ...]``. Plain
-    functions of JSON-able arguments only."""
+    functions of JSON-able arguments only. LookupError(name) when the cell uses a notebook name
+    that could not be carried to the other process (see :func:`_environment`)."""
     specs = {name: _spec_of(r, name) for name in {name for name, _ in calls}}
     hashseed = 2 if os.environ.get("PYTHONHASHSEED") == "1" else 1  # never this process's own
     env = dict(
@@ -280,7 +289,12 @@ def in_fresh_process(r: Report, calls: list[tuple[str, list]], timeout: float = 
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"in a fresh process the answer cell failed: {last[:200]}")
-    return json.loads(done.stdout)
+    out = json.loads(done.stdout)
+    for x in out:  # a notebook name the check could not carry over is the check's limit, not the answer's
+        missing = re.fullmatch(r"NameError: name '(\w+)' is not defined", x.get("error", ""))
+        if missing and missing[1] in r.namespace:
+            raise LookupError(missing[1])
+    return out
 
 
 class Workers:
