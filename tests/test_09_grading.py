@@ -414,6 +414,21 @@ REMOVE_RESHUFFLES = RING_MD5.replace(
             self.add_node(name)""",
 )
 
+# a signed cursor that differs on every call: the time it was made ("iat", a float whose digits, and
+# so the cursor's length, vary) or a random nonce inside the signed body; the check's changes are
+# spread over the cursor by fractions of its length and no line quotes that length, so both get the
+# same lines on every run
+ISSUED_AT = KEYSET.replace("import base64,", "import time, base64,").replace(
+    '{"v": 1, "t": created_at.isoformat(), "id": id_}',
+    '{"v": 1, "t": created_at.isoformat(), "id": id_, "iat": time.time()}',
+)
+NONCE = KEYSET.replace("import base64,", "import secrets, base64,").replace(
+    '{"v": 1, "t": created_at.isoformat(), "id": id_}',
+    '{"v": 1, "t": created_at.isoformat(), "id": id_, "n": secrets.token_hex(4)}',
+)
+assert "import time, base64" in ISSUED_AT and '"iat"' in ISSUED_AT
+assert "import secrets, base64" in NONCE and '"n"' in NONCE
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "keyset_page": {
         "offset_pages": (OFFSET_PAGES, "OFFSET"),
@@ -442,6 +457,8 @@ CORRECT: dict[str, dict[str, str]] = {
         "expanded_or_hex_signature": EXPANDED_HEX,
         "course_codec_dict_rows": WITH_CODEC,
         "exists_instead_of_limit_plus_one": COUNTED,
+        "issued_at_in_signed_cursor": ISSUED_AT,
+        "nonce_in_signed_cursor": NONCE,
     },
     "hash_ring": {
         "md5_bisect": RING_MD5,

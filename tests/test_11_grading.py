@@ -2,7 +2,7 @@
 
 WRONG[task][name] = (source, mentions): a learner's answer cell, rejected, and a phrase the
 feedback must contain (the real mistake). CORRECT[task][name] = source: accepted. The races
-are forced by the check (autograder/checks/ch11.py), so every verdict is the same every run.
+are forced by the check (autograder/checks/ch11/), so every verdict is the same every run.
 """
 
 from __future__ import annotations
@@ -401,6 +401,84 @@ class ViewCounter:
         await self.flush()
 """
 
+# the kept solution, plus a ticker of its own started in __init__: it writes 9 views that are not
+# max_views yet. The check fires the timers a counter leaves running at once, so the interval
+# (0.2 s, or a minute that no grading run lasts) makes no difference
+TICKER = (
+    COUNTER.replace(
+        """from collections import Counter
+""",
+        """import asyncio
+from collections import Counter
+""",
+    )
+    .replace(
+        """        self.buffer = Counter()
+""",
+        """        self.buffer = Counter()
+        self._ticker = asyncio.get_running_loop().create_task(self._tick(TICK))
+
+    async def _tick(self, interval):
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.flush()
+            except Exception:
+                pass
+""",
+    )
+    .replace(
+        """    async def close(self):
+        await self.flush()""",
+        """    async def close(self):
+        self._ticker.cancel()
+        await self.flush()""",
+    )
+)
+TICKER_FAST, TICKER_SLOW = TICKER.replace("TICK", "0.2"), TICKER.replace("TICK", "60")
+assert "create_task(self._tick(0.2))" in TICKER_FAST and "self._ticker.cancel()" in TICKER_SLOW
+
+# max(seq) + 1 retried on a duplicate key: three tries are not enough for 10 senders (the check forces
+# each round of retries to read before any of it inserts: 3 numbers, 7 errors on every run); tried
+# until it inserts, it is correct (unique, gap-free, never a hole: the key refuses a taken number)
+MAX_PLUS_ONE_THREE_TRIES = """
+import psycopg
+
+async def send_message(pool, conversation_id, sender, body):
+    for attempt in range(3):
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    "SELECT coalesce(max(seq), 0) + 1 FROM chat_messages WHERE conversation_id = %s",
+                    (conversation_id,))
+                (seq,) = await cur.fetchone()
+                await conn.execute(
+                    "INSERT INTO chat_messages (conversation_id, seq, sender, body) VALUES (%s, %s, %s, %s)",
+                    (conversation_id, seq, sender, body))
+            return seq
+        except psycopg.errors.UniqueViolation:
+            if attempt == 2:
+                raise
+"""
+MAX_PLUS_ONE_RETRIED = """
+import psycopg
+
+async def send_message(pool, conversation_id, sender, body):
+    while True:
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    "SELECT coalesce(max(seq), 0) + 1 FROM chat_messages WHERE conversation_id = %s",
+                    (conversation_id,))
+                (seq,) = await cur.fetchone()
+                await conn.execute(
+                    "INSERT INTO chat_messages (conversation_id, seq, sender, body) VALUES (%s, %s, %s, %s)",
+                    (conversation_id, seq, sender, body))
+            return seq
+        except psycopg.errors.UniqueViolation:
+            continue  # another sender took that number: read the maximum again
+"""
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "view_counter": {
         "one UPDATE per view": (PER_VIEW, "one write per view"),
@@ -411,6 +489,8 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "drop the batch on failure": (DROP_ON_FAILURE, "views were dropped"),
         "item by item, all put back": (ITEM_BY_ITEM_ALL_BACK, "commits all of it or nothing"),
         "a +1 per buffered view in the flush": (ONE_ROW_PER_VIEW_IN_FLUSH, "the views are not batched"),
+        "a ticker in __init__": (TICKER_FAST, "belongs to the service, not to ViewCounter"),
+        "a slow ticker in __init__": (TICKER_SLOW, "belongs to the service, not to ViewCounter"),
     },
     "send_message": {
         "timestamp as order": (TIMESTAMP, "a timestamp or a global id is not a sequence number"),
@@ -420,11 +500,17 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "separate counter statement": (SEPARATE_COUNTER_STATEMENT, "used up a number"),
         "counter committed before the message": (COUNTER_COMMITTED_FIRST, "a hole a client takes for a lost"),
         "one lock for all conversations": (GLOBAL_LOCK, "one lock serialises every conversation"),
+        "max(seq) + 1, three tries": (
+            MAX_PLUS_ONE_THREE_TRIES,
+            '7 x UniqueViolation: duplicate key value violates unique constraint "chat_messages_pkey", 3 x a '
+            "number; returned [1, 2, 3]; stored seqs [1, 2, 3]. Senders that read max(seq) (or a counter) "
+            "before any of them wrote all picked the same number",
+        ),
     },
 }
 
 # The course's own references (course.counters.BatchedCounter, course.chat.send_message) are not
-# listed: REFERENCES in autograder/checks/ch11.py names them, and the grader gives zero to an answer
+# listed: REFERENCES in autograder/checks/ch11/__init__.py names them, and the grader gives zero to an answer
 # that only imports them. tests/test_11_patterns.py tests them directly.
 CORRECT: dict[str, dict[str, str]] = {
     "view_counter": {
@@ -436,6 +522,7 @@ CORRECT: dict[str, dict[str, str]] = {
         "upsert the counter row, RETURNING": ROW_LOCK,
         "ensure the row, then UPDATE RETURNING": UPDATE_THEN_INSERT_ROW,
         "max(seq) + 1 under the conversation's row lock": MAX_PLUS_ONE_UNDER_LOCK,
+        "max(seq) + 1, retried until it inserts": MAX_PLUS_ONE_RETRIED,
     },
 }
 
