@@ -631,6 +631,141 @@ FRESH_EVENT_ID = LEADER_WAITS.replace(
 )
 
 
+# SKIP LOCKED one row per transaction: the second relay reaches the held order's next event only on a
+# later call, so the check lets it run again while the first is held
+SKIP_LOCKED_ROW_AT_A_TIME = """
+import json
+from psycopg.types.json import Jsonb
+
+
+async def place_order(pool, redis, stream, order):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+                           (order["order_id"], order["customer"], order["amount_cents"]))
+        await conn.execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+                           "VALUES ('order', %s, 'OrderPlaced', %s)", (order["order_id"], Jsonb(order)))
+
+def fields(event_id, aggregate_id, event_type, payload):
+    return {"event_id": str(event_id), "aggregate_id": aggregate_id, "event_type": event_type,
+            "payload": json.dumps(payload)}
+
+async def relay_batch(pool, redis, stream, *, limit=10):
+    n = 0
+    while n < limit:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("SELECT id, aggregate_id, event_type, payload FROM outbox "
+                                     "WHERE published_at IS NULL ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED")
+            row = await cur.fetchone()
+            if row is None:
+                break
+            await redis.xadd(stream, fields(*row))
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = %s", (row[0],))
+        n += 1
+    return n
+"""
+
+PER_AGGREGATE_ADVISORY = """
+import json
+from psycopg.types.json import Jsonb
+
+
+async def place_order(pool, redis, stream, order):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+                           (order["order_id"], order["customer"], order["amount_cents"]))
+        await conn.execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+                           "VALUES ('order', %s, 'OrderPlaced', %s)", (order["order_id"], Jsonb(order)))
+
+def fields(event_id, aggregate_id, event_type, payload):
+    return {"event_id": str(event_id), "aggregate_id": aggregate_id, "event_type": event_type,
+            "payload": json.dumps(payload)}
+
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT DISTINCT aggregate_id FROM outbox WHERE published_at IS NULL")
+        mine = [a for (a,) in await cur.fetchall()
+                if (await (await conn.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", (a,))).fetchone())[0]]
+        cur = await conn.execute("SELECT id, aggregate_id, event_type, payload FROM outbox "
+                                 "WHERE published_at IS NULL AND aggregate_id = ANY(%s) ORDER BY id LIMIT %s FOR UPDATE",
+                                 (mine, limit))
+        rows = await cur.fetchall()
+        for row in rows:
+            await redis.xadd(stream, fields(*row))
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+"""
+
+SKIP_LOCKED_RECHECK_EARLIER = """
+import json
+from psycopg.types.json import Jsonb
+
+
+async def place_order(pool, redis, stream, order):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+                           (order["order_id"], order["customer"], order["amount_cents"]))
+        await conn.execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+                           "VALUES ('order', %s, 'OrderPlaced', %s)", (order["order_id"], Jsonb(order)))
+
+def fields(event_id, aggregate_id, event_type, payload):
+    return {"event_id": str(event_id), "aggregate_id": aggregate_id, "event_type": event_type,
+            "payload": json.dumps(payload)}
+
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT id, aggregate_id, event_type, payload FROM outbox "
+                                 "WHERE published_at IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED", (limit,))
+        rows, blocked = [], set()
+        for row in await cur.fetchall():
+            if row[1] in blocked:
+                continue
+            cur = await conn.execute("SELECT 1 FROM outbox WHERE aggregate_id = %s AND published_at IS NULL AND id < %s "
+                                     "AND id <> ALL(%s)", (row[1], row[0], [r[0] for r in rows]))
+            if await cur.fetchone():
+                blocked.add(row[1])
+                continue
+            rows.append(row)
+        for row in rows:
+            await redis.xadd(stream, fields(*row))
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+"""
+
+PROCESS_LOCK_PLUS_FOR_UPDATE = """
+import json
+from psycopg.types.json import Jsonb
+
+
+async def place_order(pool, redis, stream, order):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+                           (order["order_id"], order["customer"], order["amount_cents"]))
+        await conn.execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+                           "VALUES ('order', %s, 'OrderPlaced', %s)", (order["order_id"], Jsonb(order)))
+
+def fields(event_id, aggregate_id, event_type, payload):
+    return {"event_id": str(event_id), "aggregate_id": aggregate_id, "event_type": event_type,
+            "payload": json.dumps(payload)}
+
+import asyncio
+LOCK = asyncio.Lock()
+
+async def relay_batch(pool, redis, stream, *, limit=10):
+    async with LOCK:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute("SELECT id, aggregate_id, event_type, payload FROM outbox "
+                                     "WHERE published_at IS NULL ORDER BY id LIMIT %s FOR UPDATE", (limit,))
+            rows = await cur.fetchall()
+            for row in rows:
+                await redis.xadd(stream, fields(*row))
+            if rows:
+                await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+        return len(rows)
+"""
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "order_saga": {
         "forward": SAGA,
@@ -642,6 +777,9 @@ CORRECT: dict[str, dict[str, str]] = {
         "waits-on-rows": WAITS_ON_ROWS,
         "leader-skips": LEADER_SKIPS,
         "heads-only": HEADS_ONLY,
+        "per-aggregate-advisory-lock": PER_AGGREGATE_ADVISORY,
+        "skip-locked-recheck-earlier": SKIP_LOCKED_RECHECK_EARLIER,
+        "process-lock-plus-for-update": PROCESS_LOCK_PLUS_FOR_UPDATE,
     },
 }
 
@@ -673,6 +811,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "dual-write": (DUAL_WRITE, "dual write"),
         "two-commits": (TWO_COMMITS, "lost event"),
         "skip-locked": (SKIP_LOCKED, "out of order"),
+        "skip-locked-one-row-per-transaction": (SKIP_LOCKED_ROW_AT_A_TIME, "out of order"),
         "in-process-lock": (IN_PROCESS_LOCK, "out of order"),
         "returns-limit": (RETURNS_LIMIT, "relay_batch returned 10"),
         "ignores-limit": (IGNORES_LIMIT, "at most `limit`"),

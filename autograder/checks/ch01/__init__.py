@@ -597,8 +597,16 @@ def _short(err: BaseException) -> str:
     needs=("test_survives_three_of_five_failures",),
     timeout=60,
     partial=True,
+    seed=102,
 )
 async def check_retry_test(r: Report, test) -> None:
+    # a test that lets with_retry draw from module random (no rand= injected) sees the same draws on every
+    # run, so which wrong versions it catches does not change from one grading to the next
+    with seeded_random(r):
+        await _check_retry_test(r, test)
+
+
+async def _check_retry_test(r: Report, test) -> None:
     if not callable(test):
         r.fail(f"test_survives_three_of_five_failures is a {type(test).__name__}, not a function")
     try:

@@ -533,7 +533,8 @@ def expect_order(
         missing = [m for m in want if m not in have]
         if sorted(have) == sorted(want):
             r.fail(
-                f"{what}: key {key} committed {have}, expected {want} (stream order). One key's messages must be "
+                # not the whole commit order: which of the key's later messages overtook first depends on timing
+                f"{what}: key {key} did not commit {want} in that order (stream order). One key's messages must be "
                 "handled one at a time, in stream order; a retry must not let later messages of the key overtake"
             )
         r.fail(

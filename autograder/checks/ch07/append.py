@@ -38,10 +38,9 @@ def _race_kinds(outcomes) -> str:
     return ", ".join(f"{n} x {what}" for what, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _kinds(outcomes) -> str:
-    """``"8 x ConcurrencyConflict, 2 x returned 2"``: outcomes by kind, without their messages."""
-    counts = Counter(type(x).__name__ if isinstance(x, BaseException) else f"returned {x!r}" for x in outcomes)
-    return ", ".join(f"{n} x {what}" for what, n in counts.most_common())
+def _seen(outcomes) -> str:
+    """``"ConcurrencyConflict, returned 2"``: the kinds of outcome, sorted, without how many of each."""
+    return ", ".join(sorted({type(x).__name__ if isinstance(x, BaseException) else f"returned {x!r}" for x in outcomes}))
 
 
 def _is_conflict(outcome) -> bool:
@@ -194,7 +193,9 @@ async def _check_append(r: Report, append_events, pool, ns) -> None:
     r.expect(
         results == [2] * 10,
         "10 new streams appended at once: every append returned 2",
-        f"10 appends to 10 different new streams at once: {_kinds(results)}; expected 10 x returned 2 (the expected "
+        # which kinds, not how many: how many of them a serializable transaction aborts depends on timing
+        f"10 appends to 10 different new streams at once did not all return 2 (seen: {_seen(results)}); expected "
+        "10 x returned 2 (the expected "
         "version is per stream: compare with max(version) of this stream_id only)",
     )
 
