@@ -1,8 +1,9 @@
 """Chapter 10 grading: the wrong answers learners write are rejected, correct designs pass.
 
 Each answer is kept as the source a learner would type into the answer cell. The races are
-forced by the check (autograder/checks/ch10.py holds the contended row until every caller
-waits on it), so every verdict here is the same on every run.
+forced by the check (autograder/checks/ch10 holds the contended row until every caller
+waits on it, and lets each commit through only once every other caller waits again), so every
+verdict here is the same on every run.
 """
 
 from __future__ import annotations
@@ -187,6 +188,35 @@ async def buy(pool, sku, buyer, key, pay):
 """
 )
 
+# the key claimed by a plain INSERT: a repeat's UniqueViolation rolls the transaction back, then the
+# stored reservation is read and returned
+BUY_UNIQUE_VIOLATION = (
+    BUY_HEADER
+    + """
+async def buy(pool, sku, buyer, key, pay):
+    async with pool.connection() as conn:
+        try:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    "INSERT INTO inventory_reservations (key, sku, buyer, expires_at) "
+                    "VALUES (%s, %s, %s, now() + make_interval(secs => %s)) RETURNING id",
+                    (key, sku, buyer, HOLD_SECONDS))
+                row = await cur.fetchone()
+                cur = await conn.execute(
+                    "UPDATE inventory_items SET stock = stock - 1 WHERE sku = %s AND stock > 0 RETURNING stock",
+                    (sku,))
+                if await cur.fetchone() is None:
+                    await conn.execute("DELETE FROM inventory_reservations WHERE id = %s", row)
+                    return {"status": "sold_out"}
+        except psycopg.errors.UniqueViolation:
+            cur = await conn.execute(
+                "SELECT id, status, payment_id FROM inventory_reservations WHERE key = %s", (key,))
+            rid, status, payment_id = await cur.fetchone()
+            return {"status": status, "reservation_id": rid, "payment_id": payment_id}
+"""
+    + BUY_CONDITIONAL[BUY_CONDITIONAL.index("    rid = row[0]\n") :]
+)
+
 # ----------------------------------------------------------------------------- buy: wrong answers
 
 WRONG_BUY = {
@@ -208,6 +238,50 @@ WRONG_BUY = {
         BUY_FOR_UPDATE.replace('FOR UPDATE", (sku,))', 'FOR UPDATE SKIP LOCKED", (sku,))').replace(
             "(stock,) = await cur.fetchone()\n                if stock > 0:",
             "found = await cur.fetchone()\n                stock = found[0] if found else 0\n                if stock > 0:",
+        ),
+        "every unit sold",
+    ),
+    # SERIALIZABLE, but the retry on 40001 is bounded: every retry round has one winner, so a buyer
+    # that lost every round gives up and says sold_out while units are left
+    "serializable_retry_2_attempts": (
+        BUY_SERIALIZABLE.replace(
+            """        while True:
+            try:
+                rid = await reserve(conn, sku, buyer, key)
+                break
+            except psycopg.errors.SerializationFailure:
+                await asyncio.sleep(0)
+""",
+            """        for attempt in range(2):
+            try:
+                rid = await reserve(conn, sku, buyer, key)
+                break
+            except psycopg.errors.SerializationFailure:
+                await asyncio.sleep(0)
+        else:
+            return {"status": "sold_out"}  # gives up while units are left
+""",
+        ),
+        "every unit sold",
+    ),
+    "serializable_retry_3_attempts": (
+        BUY_SERIALIZABLE.replace(
+            """        while True:
+            try:
+                rid = await reserve(conn, sku, buyer, key)
+                break
+            except psycopg.errors.SerializationFailure:
+                await asyncio.sleep(0)
+""",
+            """        for attempt in range(3):
+            try:
+                rid = await reserve(conn, sku, buyer, key)
+                break
+            except psycopg.errors.SerializationFailure:
+                await asyncio.sleep(0)
+        else:
+            return {"status": "sold_out"}  # gives up while units are left
+""",
         ),
         "every unit sold",
     ),
@@ -403,6 +477,17 @@ async def transfer(pool, from_id, to_id, amount, key):
 """
 )
 
+# the same, with a random pause before each retry
+TRANSFER_RETRY_JITTER = TRANSFER_RETRY.replace("import asyncio\n", "import asyncio\nimport random\n", 1).replace(
+    """            if attempt == 9:
+                raise
+""",
+    """            if attempt == 9:
+                raise
+            await asyncio.sleep(random.uniform(0, 0.05))
+""",
+)
+
 # serializable, read the balance in Python, retry on every transaction-rollback error
 TRANSFER_SERIALIZABLE = (
     TRANSFER_HEADER
@@ -558,6 +643,43 @@ WRONG_TRANSFER = {
         ),
         "lost",
     ),
+    # source first with a retry on deadlock, but the destination's balance read first and written back:
+    # the deadlock's loser re-reads it while the other transfer has not committed yet
+    "dest_writeback_retry": (
+        TRANSFER_RETRY.replace(
+            """        cur = await conn.execute(
+            "UPDATE ledger_accounts SET balance = balance - %s \"""",
+            """        cur = await conn.execute("SELECT balance FROM ledger_accounts WHERE id = %s", (to_id,))
+        (to_balance,) = await cur.fetchone()
+        cur = await conn.execute(
+            "UPDATE ledger_accounts SET balance = balance - %s \"""",
+        ).replace(
+            """await conn.execute("UPDATE ledger_accounts SET balance = balance + %s WHERE id = %s", (amount, to_id))""",
+            """await conn.execute("UPDATE ledger_accounts SET balance = %s WHERE id = %s", (to_balance + amount, to_id))""",
+        ),
+        "an update was lost",
+    ),
+    # both balances read, checked and written back, source first, with a retry on deadlock
+    "writeback_retry": (
+        TRANSFER_RETRY.replace(
+            """        cur = await conn.execute(
+            "UPDATE ledger_accounts SET balance = balance - %s "
+            "WHERE id = %s AND (allow_negative OR balance >= %s)", (amount, from_id, amount))
+        if cur.rowcount == 0:
+            raise InsufficientFunds(f"account {from_id}")
+        await conn.execute("UPDATE ledger_accounts SET balance = balance + %s WHERE id = %s", (amount, to_id))
+""",
+            """        cur = await conn.execute("SELECT id, balance, allow_negative FROM ledger_accounts WHERE id = ANY(%s)",
+                                 ([from_id, to_id],))
+        acc = {r[0]: r for r in await cur.fetchall()}
+        if not acc[from_id][2] and acc[from_id][1] < amount:
+            raise InsufficientFunds(f"account {from_id}")
+        await conn.execute("UPDATE ledger_accounts SET balance = %s WHERE id = %s", (acc[from_id][1] - amount, from_id))
+        await conn.execute("UPDATE ledger_accounts SET balance = %s WHERE id = %s", (acc[to_id][1] + amount, to_id))
+""",
+        ),
+        "an update was lost",
+    ),
     "no_idempotency": (
         TRANSFER_ID_ORDER.replace(
             'ON CONFLICT (key) DO NOTHING RETURNING id",\n            (key, h))',
@@ -576,6 +698,7 @@ CORRECT: dict[str, dict[str, str]] = {
         "serializable_retry": BUY_SERIALIZABLE,
         "advisory_lock": BUY_ADVISORY,
         "rollback_by_exception": BUY_ROLLBACK,
+        "insert_unique_violation": BUY_UNIQUE_VIOLATION,
     },
     "transfer": {
         "id_order_for_update": TRANSFER_ID_ORDER,
@@ -583,6 +706,7 @@ CORRECT: dict[str, dict[str, str]] = {
         "source_first_with_retry": TRANSFER_RETRY,
         "serializable_retry": TRANSFER_SERIALIZABLE,
         "advisory_locks": TRANSFER_ADVISORY,
+        "source_first_with_retry_and_jitter": TRANSFER_RETRY_JITTER,
     },
 }
 

@@ -1,16 +1,30 @@
 """Hidden checks of chapter 10 (contention and money): ``buy`` and ``transfer``.
 
-Every race is forced, not hoped for. The check holds the contended row itself
-(:class:`course.chapters.ch10.Race`: a connection of its own takes ``SELECT ... FOR NO KEY
-UPDATE`` and keeps its transaction open), starts the concurrent callers, and lets the row go only once every caller that has
-not finished is waiting on a PostgreSQL lock (counted in ``pg_locks``,
-:data:`course.kit.lab.LOCK_WAITERS`). So a read-then-write lets every buyer read the same
-stock, on every run. For the opposite-direction transfers the callers start in two waves:
-the first wave's transfers wait on the held account, then the second wave's take the other
-account and wait too, and only then is the held account released: code that locks the
-source account first meets a deadlock every time (the database's ``deadlock_timeout`` is
-set to 20 ms for the check's database, so the cycle is found at once). One transfer goes each
-way per round, so after the forced deadlock a retry cannot meet another one by chance.
+Every race is forced, not hoped for. The check holds the contended row itself (:class:`rig.Contest`:
+a connection of its own takes ``SELECT ... FOR NO KEY UPDATE`` and keeps its transaction open),
+starts the concurrent callers, and lets the row go only once every caller that has not finished
+is waiting on a PostgreSQL lock (``pg_locks``, with no cycle among the waits). So a
+read-then-write lets every buyer read the same stock, on every run.
+
+After that, a turnstile at COMMIT (a deferred trigger on the contended table that waits on an
+advisory lock the check holds, :func:`rig.install_turnstile`) lets one transaction that wrote the
+table commit at a time, and only once every other caller waits on a lock again. So a buyer who
+lost a round under SERIALIZABLE has made its next attempt before the next winner commits: every
+retry round has exactly one winner, and a retry bounded to N attempts gives up after N rounds on
+every run (8 buyers of 6 units catch any bound below 6).
+
+For the opposite-direction transfers the callers start in two waves: the first wave's transfer
+waits on the held account, then the second wave's takes the other account and waits too, and
+only then is the held account released: code that locks the source account first meets a
+deadlock every time. The first transfer closes the lock cycle, and only its session has a short
+``deadlock_timeout`` (20 ms, the check's database; the second's pool has
+:data:`SURVIVOR_DEADLOCK_TIMEOUT`), so PostgreSQL aborts the same one on every run. Its retry
+then reads and queues while the other transfer waits at the turnstile: a balance read before the
+other committed and written back is a lost update on every run. One transfer goes each way per
+round: after the forced deadlock the survivor holds both accounts and the retry queues behind it.
+(Should the retry reach the freed row before the woken survivor's backend does, it meets one more
+cycle, which the same session's 20 ms timeout breaks the same way: a bound of one retry on
+deadlock is the only kind of answer whose verdict that could change.)
 
 Callers alternate between two replicas of the answer (two copies of the answer cell that
 share no module state), so a lock or a set kept in one process fails. Every invariant is
@@ -25,6 +39,7 @@ from decimal import Decimal
 
 import psycopg
 
+from autograder.checks.ch10.rig import Contest, install_turnstile
 from autograder.harness import Report, error_line, task
 from course import inventory, ledger
 from course.chapters.ch10 import Race
@@ -32,6 +47,8 @@ from course.idempotency import IdempotencyKeyReused, SimulatedCrash
 from course.kit import lab
 
 REPLICAS = 2
+FLASHES = ((1, 8), (6, 8))  # (units, buyers): with 6 units, a retry given up after fewer than 6 attempts sells fewer
+SURVIVOR_DEADLOCK_TIMEOUT = "5s"  # the second transfer of a round never finds the deadlock: the first does
 SETTLE_LIMIT = 2.0  # real seconds a wave may take to be held before the check moves on anyway (as chapter 03)
 IN_PROCESS = "state kept in one process is not shared"
 
@@ -123,6 +140,8 @@ async def check_buy(r: Report, buy) -> None:
     async with lab.scratch("ch10") as ns:
         pool = await ns.pool(max_size=20)
         await inventory.setup_schema(pool)
+        async with pool.connection() as conn:
+            await install_turnstile(conn, "inventory_items")
         await _check_buy(r, buy, pool, ns)
 
 
@@ -177,7 +196,7 @@ async def _check_buy(r: Report, buy, pool, ns) -> None:
         return
 
     replicas = r.replicas("buy", REPLICAS)
-    for stock0, n in ((1, 8), (3, 8)):
+    for stock0, n in FLASHES:
         await _check_flash(r, replicas, pool, ns, stock0, n)
     await _check_payment_failures(r, buy, pool)
     await _check_same_key(r, replicas, pool, ns)
@@ -189,11 +208,12 @@ async def _check_flash(r: Report, replicas, pool, ns, stock0: int, n: int) -> No
     pay = Payments()
     r.note(
         f"{n} buyers of {stock0} unit(s) of '{sku}' at once, alternating between two replicas of buy; the check holds "
-        "the stock row until every buyer waits on a lock, then lets it go"
+        "the stock row until every buyer waits on a lock, then lets it go, and lets each purchase commit only once "
+        "every other buyer waits again"
     )
-    async with Race(ns, "inventory_items", "sku = %s", (sku,), limit=SETTLE_LIMIT) as race:
+    async with Contest(ns, "inventory_items", "sku = %s", (sku,), limit=SETTLE_LIMIT) as race:
         race.start(_call_buy(replicas[i % REPLICAS], pool, sku, f"buyer-{i}", f"{sku}-key-{i}", pay) for i in range(n))
-        results = await race.results()
+        results = await race.run()
     stock, res = await _stock(pool, sku), await _reservations(pool, sku)
     paid = res.get("paid", 0)
     held = res.get("held", 0)
@@ -222,7 +242,8 @@ async def _check_flash(r: Report, replicas, pool, ns, stock0: int, n: int) -> No
         paid == stock0 and stock == 0,
         f"exactly {stock0} unit(s) sold and paid, stock 0, {n - stock0} buyers told 'sold_out'",
         f"{n} concurrent buyers of {stock0} unit(s): {paid} paid, stock left {stock}; expected every unit sold "
-        f"({stock0} paid, stock 0): a buyer who could not get the row at once must wait for it, not give up",
+        f"({stock0} paid, stock 0): a buyer who could not get the row at once must wait for it, not give up (a "
+        "serialization failure is retried until the buyer gets a unit or sees stock 0, not a fixed number of times)",
     )
     statuses = Counter(_status(x) for x in results)
     told = ", ".join(f"{k!r}: {v}" for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0])))
@@ -391,6 +412,8 @@ async def check_transfer(r: Report, transfer) -> None:
             admin.execute(f"ALTER DATABASE \"{ns.name}\" SET deadlock_timeout = '20ms'")
         pool = await ns.pool(max_size=20)
         await ledger.setup_schema(pool)
+        async with pool.connection() as conn:
+            await install_turnstile(conn, "ledger_accounts")
         await ledger.open_account(pool, BANK, "bank", allow_negative=True)
         for acc, name, funds in ((ALICE, "alice", 1000), (BOB, "bob", 1000), (CAROL, "carol", 100), (DAVE, "dave", 0)):
             await ledger.open_account(pool, acc, name)
@@ -492,23 +515,30 @@ async def _check_transfer(r: Report, transfer, pool, ns) -> None:
 
 
 async def _check_opposite(r: Report, replicas, pool, ns) -> None:
-    # One transfer each way per round: the first deadlock is forced, and once one of the two is
-    # aborted the other holds both accounts, so a retry can never meet a second cycle. (With more
-    # transfers at once, retried deadlocks could chain by luck, and a bounded retry would get
-    # different points on different runs.)
+    # One transfer each way per round. The first one closes the lock cycle, and only its session has
+    # the database's 20 ms deadlock_timeout (the other's is SURVIVOR_DEADLOCK_TIMEOUT), so PostgreSQL
+    # aborts the same transfer on every run. Its retry then runs while the other transfer waits at the
+    # turnstile (its COMMIT is held until the retry waits on a lock too), so a balance read before the
+    # other committed is written back on every run, and never by luck.
+    survivor = await ns.pool(
+        max_size=4, kwargs={"autocommit": True, "options": f"-c deadlock_timeout={SURVIVOR_DEADLOCK_TIMEOUT}"}
+    )
     for n, (held, first, second) in enumerate(((BOB, (BOB, ALICE), (ALICE, BOB)), (ALICE, (ALICE, BOB), (BOB, ALICE)))):
         amounts = [r.random.randint(1, 200) for _ in range(2)]
         before = await _balances(pool)
         r.note(
             f"round {n + 1}: {first[0]} -> {first[1]} and {second[0]} -> {second[1]} at once, on the two replicas; the "
             f"check holds account {held} until the {first[0]} -> {first[1]} transfer waits on it, then starts the other "
-            f"and releases account {held} once that one waits too"
+            f"and releases account {held} once that one waits too; each transfer commits only once the other waits "
+            f"on a lock (a deadlock, if one comes, aborts the {first[0]} -> {first[1]} transfer)"
         )
-        async with Race(ns, "ledger_accounts", "id = %s", (held,), limit=SETTLE_LIMIT) as race:
+        async with Contest(ns, "ledger_accounts", "id = %s", (held,), limit=SETTLE_LIMIT) as race:
             race.start([_call_transfer(replicas[0], pool, *first, amounts[0], f"opp-{n}-a")])
-            await race.held()
-            race.start([_call_transfer(replicas[1], pool, *second, amounts[1], f"opp-{n}-b")])
-            results = await race.results()
+
+            async def second_wave(race=race, second=second, amount=amounts[1], n=n) -> None:
+                race.start([_call_transfer(replicas[1], survivor, *second, amount, f"opp-{n}-b")])
+
+            results = await race.run(second_wave)
         errors = [x for x in results if isinstance(x, BaseException)]
         if any(isinstance(x, psycopg.errors.DeadlockDetected) for x in errors):
             r.fail(

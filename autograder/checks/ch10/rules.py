@@ -8,14 +8,21 @@ RULES: dict[str, list[Rule]] = {
     "buy": [
         Rule(
             "Never sell more units than the stock",
-            "_check_flash: 8 buyers of 1 and of 3 units held on the stock row until all wait, across two replicas; "
+            "_check_flash: 8 buyers of 1 and of 6 units held on the stock row until all wait, across two replicas; "
             "counts reservations and stock in PostgreSQL",
             wrong="read_then_write",
         ),
         Rule(
             "every unit is sold when more buyers than units come",
-            "_check_flash: 8 buyers of 3 units; expects 3 paid and stock 0",
+            "_check_flash: 8 buyers of 6 units; expects 6 paid and stock 0",
             wrong="skip_locked_gives_up",
+        ),
+        Rule(
+            "A buyer who finds the stock row busy waits for it",
+            "_check_flash: 8 buyers of 6 units, each purchase let through the COMMIT turnstile (rig.Contest) only "
+            "once every other buyer waits again, so each retry round of a SERIALIZABLE answer has one winner and a "
+            "retry bounded to fewer than 6 attempts gives up while units are left",
+            wrong="serializable_retry_3_attempts",
         ),
         Rule(
             "call `pay` with no transaction open",
@@ -45,7 +52,7 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "insert the reservation for key and take one unit of sku's stock",
-            "_check_flash: 8 buyers of 1 and of 3 units held on the stock row; counts reservations and stock in PostgreSQL",
+            "_check_flash: 8 buyers of 1 and of 6 units held on the stock row; counts reservations and stock in PostgreSQL",
             wrong="read_then_write",
         ),
         Rule(
@@ -113,6 +120,13 @@ RULES: dict[str, list[Rule]] = {
             "_check_transfer: the same call twice returns the same id; the key with another amount raises "
             "IdempotencyKeyReused",
             wrong="no_idempotency",
+        ),
+        Rule(
+            "change both cached balances in SQL",
+            "_check_opposite: the deadlock's loser (always the first transfer of the round: only its session has "
+            "the 20 ms deadlock_timeout) retries while the other waits at the COMMIT turnstile (rig.Contest), so a "
+            "balance read before the other committed is written back on every run",
+            wrong="dest_writeback_retry",
         ),
         Rule(
             "move amount from account from_id to account to_id",
