@@ -41,8 +41,11 @@ class Gate:
 
     CALM_TICKS = 5  # consecutive 3 ms looks at an idle loop before a round goes without everyone
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, busy=None) -> None:
         self.n = n
+        # ``await busy()``: True while callers are doing work the loop cannot see as runnable (a
+        # PostgreSQL statement in flight): the loop looks idle then, but a caller is on its way
+        self.busy = busy
         self.waiting: dict[int, list[asyncio.Future]] = {}
         self.finished: set[int] = set()
         self.in_flight = 0
@@ -108,6 +111,8 @@ class Gate:
         while self.running:
             await asyncio.sleep(0.003)
             idle = not getattr(loop, "_ready", None) and self.in_flight == 0
+            if idle and self.waiting and self.busy is not None and await self.busy():
+                idle = False
             calm = calm + 1 if idle and self.waiting else 0
             if calm >= self.CALM_TICKS:
                 calm = 0

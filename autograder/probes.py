@@ -94,11 +94,29 @@ def seeded_random(r: Report):
 # ----------------------------------------------------------------------------- races in a Redis client
 
 
-def gated_redis(url: str, n: int) -> lockstep.GatedRedis:
+def gated_redis(url: str, n: int, busy=None) -> lockstep.GatedRedis:
     """A client whose ``n`` callers run in lockstep (:mod:`autograder.lockstep`): each Redis command
     is held until every caller still running has sent its own, so a read-then-write loses its race
-    on every run. Run the callers with ``await client.gate.run([make_call, ...])``."""
-    return lockstep.gated_redis(url, lockstep.Gate(n))
+    on every run. Run the callers with ``await client.gate.run([make_call, ...])``. ``busy``: see
+    :func:`postgres_busy`, for callers that also talk to PostgreSQL."""
+    return lockstep.gated_redis(url, lockstep.Gate(n, busy))
+
+
+ACTIVE_BACKENDS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()
+"""
+
+
+def postgres_busy(watcher):
+    """``await busy()``: whether a statement runs in the watcher's database (a caller on its way to
+    its next Redis command through PostgreSQL, which the event loop does not show as work)."""
+
+    async def busy() -> bool:
+        cur = await watcher.execute(ACTIVE_BACKENDS)
+        return (await cur.fetchone())[0] > 0
+
+    return busy
 
 
 # ----------------------------------------------------------------------------- worker processes

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+import psycopg
+
 from autograder.harness import Report, task
-from autograder.probes import gated_redis, tally
+from autograder.probes import gated_redis, postgres_busy, tally
 from autograder.rules import Rule
 from course.chapters.ch00 import setup_visits
 from course.kit import lab
@@ -54,11 +56,13 @@ async def check_count_visit(r: Report, count_visit) -> None:
 
         pages = ["home"] * 19 + ["about"] * 5
         replicas = r.replicas("count_visit", 2)
-        gated = gated_redis(ns.redis_url, len(pages))
+        watcher = await psycopg.AsyncConnection.connect(ns.database_url, autocommit=True)
+        gated = gated_redis(ns.redis_url, len(pages), busy=postgres_busy(watcher))
         try:
             got = await gated.gate.run([lambda i=i, p=p: replicas[i % 2](gated, pool, p) for i, p in enumerate(pages)])
         finally:
             await gated.aclose()
+            await watcher.close()
         r.note(
             "then 24 visits at once, 19 more of 'home' and 5 of 'about', through two replicas of your cell (as two "
             "processes of a service); each Redis command waits until every visit still running has sent its own"
