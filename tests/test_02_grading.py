@@ -520,6 +520,62 @@ BULKHEAD_OWN_ERROR = bulkhead_mutant(
 )
 
 
+HALF_OPEN_DECIDED_BY_ANY_CALL = """
+import time
+from collections import deque
+from course.breaker import CircuitOpenError, counts_as_failure
+
+
+class CircuitBreaker:
+    # wrong: whichever call finishes while half-open decides (an old in-flight call can close it)
+    def __init__(self, threshold=0.5, window_size=10, cooldown=30.0, *, clock=time.monotonic, is_failure=counts_as_failure):
+        self.threshold, self.window_size, self.cooldown = threshold, window_size, cooldown
+        self.clock, self.is_failure = clock, is_failure
+        self.state = "closed"
+        self.window = deque(maxlen=window_size)
+        self.opened_at = 0.0
+        self.probing = False
+
+    async def call(self, fn):
+        if self.state == "open":
+            if self.clock() - self.opened_at < self.cooldown:
+                raise CircuitOpenError()
+            self.state = "half-open"
+            self.probing = False
+        if self.state == "half-open":
+            if self.probing:
+                raise CircuitOpenError()
+            self.probing = True
+        try:
+            result = await fn()
+        except Exception as err:
+            self._on_result(self.is_failure(err))
+            raise
+        self._on_result(False)
+        return result
+
+    def _on_result(self, failed):
+        if self.state == "half-open":
+            self.probing = False
+            if failed:
+                self._open()
+            else:
+                self.window.clear()
+                self.state = "closed"
+            return
+        if self.state == "open":
+            return
+        self.window.append(failed)
+        if len(self.window) >= self.window_size and sum(self.window) / len(self.window) >= self.threshold:
+            self._open()
+
+    def _open(self):
+        self.state = "open"
+        self.opened_at = self.clock()
+        self.window.clear()
+"""
+
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "circuit_breaker": {
         "no half-open": (NO_HALF_OPEN, "half-open"),
@@ -532,6 +588,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "copied typescript sketch": (COPIED_SKETCH, "failure rate over the last window_size"),
         "leaves 404s out of the window": (IGNORES_NON_FAILURES, "count as successes"),
         "a late success closes an open breaker": (LATE_SUCCESS_CLOSES, "in flight"),
+        "any call that ends in half-open decides": (HALF_OPEN_DECIDED_BY_ANY_CALL, "Only the probe's outcome"),
         "consecutive failures instead of a rate": (CONSECUTIVE_FAILURES, "failure rate over the last window_size"),
         "trips before the window fills": (TRIPS_BEFORE_THE_WINDOW_FILLS, "only once window_size (10) calls"),
         "wraps the dependency's errors": (WRAPS_ERRORS, "wrapped or replaced"),

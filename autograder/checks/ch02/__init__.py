@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from autograder.harness import Report, task
-from autograder.probes import Spawned
+from autograder.probes import Spawned, seeded_random
 from course.breaker import CircuitOpenError
 from course.bulkhead import BulkheadFullError
 from course.kit.faults import DependencyError, VirtualClock, _until_idle
@@ -79,11 +79,13 @@ def _seen(outcome: tuple[str, object]) -> str:
     title="circuit breaker: fail fast through a 30-second outage, one probe, recovery",
     needs=("CircuitBreaker",),
     timeout=30,
+    seed=202,
 )
 async def check_circuit_breaker(r: Report, CircuitBreaker) -> None:
     spawn = Spawned()
     try:
-        await _check_breaker(r, CircuitBreaker, spawn)
+        with seeded_random(r):  # a breaker that draws from module random draws the same on every run
+            await _check_breaker(r, CircuitBreaker, spawn)
     finally:
         await spawn.settle()
 
@@ -352,6 +354,50 @@ async def _check_breaker(r: Report, CircuitBreaker, spawn: Spawned) -> None:
         f"{what}: opened={opened}, the slow call {_seen(finished)}, then a new call {_seen(after)} with "
         f"{len(pay5.calls) - calls} call(s) to payments; a call already in flight runs to the end and its result "
         "reaches its caller, but its outcome no longer counts once the state has changed",
+    )
+
+    # --- a call in flight since before the breaker opened ends during the probe: only the probe decides
+    clock6 = VirtualClock(auto=False)
+    pay6 = Payments(clock6)
+    br6 = CircuitBreaker(threshold=0.5, window_size=10, cooldown=COOLDOWN, clock=clock6)
+    old_gate, probe_gate = asyncio.Event(), asyncio.Event()
+
+    async def old_call() -> str:
+        await old_gate.wait()
+        return "paid late"
+
+    async def probe_call():
+        await probe_gate.wait()
+        return await pay6()
+
+    old = spawn(_attempt(br6, old_call))
+    await _until_idle()
+    pay6.status = 503
+    for _ in range(10):
+        await _attempt(br6, pay6)
+        clock6.advance(0.5)
+    clock6.advance(COOLDOWN)
+    probe = spawn(_attempt(br6, probe_call))  # the probe, held in flight
+    await _until_idle()
+    probing = br6.state
+    old_gate.set()  # the old call succeeds while the probe is out
+    await _until_idle()
+    during = br6.state
+    probe_gate.set()  # the probe fails (503)
+    await _until_idle()
+    ended = probe.result() if probe.done() and not probe.cancelled() else ("other", RuntimeError("still waiting"))
+    after = br6.state
+    what = (
+        "a slow call started while closed, 10 failures opened the breaker, the cooldown passed and a probe went out; "
+        "the slow call then succeeded while the probe was in flight"
+    )
+    r.expect(
+        probing == "half-open" and during == "half-open" and old.done() and after == "open",
+        f"{what}: the breaker stayed half-open until the probe failed, then opened",
+        f"{what}: the state was {probing!r} with the probe out, {during!r} after the slow call succeeded, "
+        f"{after!r} after the probe {_seen(ended)}; expected 'half-open', 'half-open', 'open'. Only the probe's "
+        "outcome decides half-open: a call already in flight when the state changed no longer counts (remember "
+        "which call is the probe, or the state each call started in)",
     )
 
 

@@ -83,6 +83,12 @@ RULES: dict[str, list[Rule]] = {
             wrong="cancels calls in flight when it opens",
         ),
         Rule(
+            "and one that ends while the probe is out",
+            "_check_breaker: a slow call from before the breaker opened succeeds while the probe is held in flight; "
+            "the breaker must stay half-open, then open when the probe fails",
+            wrong="any call that ends in half-open decides",
+        ),
+        Rule(
             "but their outcome no longer counts",
             "_check_breaker: that slow call's late success must leave the breaker open",
             wrong="a late success closes an open breaker",
