@@ -95,10 +95,12 @@ def _answer_ids(cells: list[dict]) -> set[str]:
 def identify(path: Path, nb: dict) -> str:
     """Which chapter a notebook belongs to: by its metadata, its answer cells or its name."""
     known = grading.known_chapters()
-    tagged = (nb.get("metadata", {}).get("course", {}) or {}).get("chapter")
+    meta = nb.get("metadata")
+    course = meta.get("course") if isinstance(meta, dict) else None
+    tagged = course.get("chapter") if isinstance(course, dict) else None
     if tagged in known:
         return tagged
-    ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb["cells"]} - {None}
+    ids = {grading._grade_id(c) for c in nb["cells"]} - {None}
     if ids:
         overlap = {ch: len(ids & _answer_ids(grading.read_manifest(ch))) for ch in known}
         best = max(overlap, key=overlap.get, default=None)

@@ -29,5 +29,5 @@ def build_namespace(spec: dict) -> dict:
         except Exception:  # noqa: BLE001, S110 - a name that cannot come back: the cell's own error names it
             pass
     if spec["source"]:
-        exec(compile(spec["source"], spec["filename"], "exec"), ns)  # noqa: S102 - the learner's answer, sandboxed
+        exec(compile(spec["source"], spec["filename"], "exec", dont_inherit=True), ns)  # noqa: S102 - the learner's answer, sandboxed
     return ns

@@ -50,12 +50,22 @@ class GradingError(Exception):
 
 
 def _nbgrader(cell: dict) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+    """A cell's nbgrader metadata; ``{}`` for anything a hand-edited notebook put there instead."""
+    meta = cell.get("metadata") if isinstance(cell, dict) else None
+    found = meta.get("nbgrader") if isinstance(meta, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def _grade_id(cell: dict) -> str | None:
+    gid = _nbgrader(cell).get("grade_id")
+    return gid if isinstance(gid, str) else None
 
 
 def _source(cell: dict) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else str(src)
+    src = cell.get("source", "") if isinstance(cell, dict) else ""
+    if isinstance(src, list):
+        return "".join(part if isinstance(part, str) else str(part) for part in src)
+    return src if isinstance(src, str) else ""
 
 
 def trusted_cells(nb: dict) -> list[dict]:
@@ -107,7 +117,7 @@ def read_manifest(chapter: str) -> list[dict]:
 
 def stale_setup(trusted: list[dict], nb: dict) -> list[str]:
     """Setup cells whose source in ``nb`` (as nbgrader restored it) differs from ``trusted``."""
-    sources = {_nbgrader(c).get("grade_id"): _source(c) for c in nb.get("cells", []) if _nbgrader(c).get("locked")}
+    sources = {_grade_id(c): _source(c) for c in nb.get("cells", []) if _nbgrader(c).get("locked") and _grade_id(c)}
     return [c["id"] for c in trusted if c["kind"] == "setup" and c["id"] in sources and sources[c["id"]] != c["source"]]
 
 
@@ -202,9 +212,10 @@ class Graded:
 def build_job(chapter: str, trusted: list[dict], submission: dict) -> dict:
     """The runner's job: trusted setup cells and the learner's answer cells, in order."""
     answers: dict[str, str] = {}
-    for cell in submission.get("cells", []):
-        gid = _nbgrader(cell).get("grade_id")
-        if cell.get("cell_type") == "code" and gid and gid not in answers:
+    cells = submission.get("cells", []) if isinstance(submission, dict) else []
+    for cell in cells if isinstance(cells, list) else []:
+        gid = _grade_id(cell)  # a hand-edited notebook's odd cells are no answers, and no traceback
+        if gid and cell.get("cell_type") == "code" and gid not in answers:
             answers[gid] = _source(cell)
     cells, tasks = [], []
     for cell in trusted:

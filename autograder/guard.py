@@ -112,7 +112,57 @@ SAFE_SITES = [
     ("anyio.abc._tasks", "get_coro_name", None),
 ]
 
-_PROC = re.compile(r"^/(proc/(self|thread-self|\d+)/(mem|fd(/|$)|task/\d+/mem|map_files)|dev/fd(/|$))")
+_PROC = re.compile(r"^/(proc/(self|thread-self|\d+)/(task/\d+/)?(mem|fd(/|$)|map_files)|dev/fd(/|$))")
+#: A process's own folder in /proc (or /proc itself), opened as a directory: the ``dir_fd`` of
+#: ``os.open("mem", dir_fd=...)``, whose audit event names only "mem".
+_PROC_DIR = re.compile(r"^/proc(/(self|thread-self|\d+)(/task(/\d+)?)?)?/?$")
+#: The same files named relative to a directory descriptor (``self/mem``, ``proc/123/mem``).
+_PROC_TAIL = re.compile(r"(^|/)(self|thread-self|\d+)/(task/\d+/)?(mem|fd|map_files)(/|$)")
+
+
+def _resolve(path: str, _readlink=os.readlink, _getcwd=os.getcwd) -> str:
+    """``path`` with every symbolic link followed (``/proc/self/root/...``, a planted link).
+
+    Only string methods and the two C functions bound at import: learner code that patches
+    ``os.path`` cannot blind it.
+    """
+    if not path.startswith("/"):
+        try:
+            path = _getcwd() + "/" + path
+        except OSError:
+            return path
+    todo = path.split("/")
+    done: list[str] = []
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        here = "/" + "/".join([*done, part])
+        try:
+            target = _readlink(here)
+        except (OSError, ValueError):
+            done.append(part)
+            continue
+        hops += 1
+        if hops > 40:
+            return here
+        if target.startswith("/"):
+            done = []
+        todo = target.split("/") + todo
+    return "/" + "/".join(done)
+
+
+def _proc_path(path: str) -> bool:
+    """Does opening ``path`` reach this process's memory or descriptors, however it is spelled?"""
+    real = _resolve(path)
+    if _PROC.match(real) or _PROC_DIR.match(real):
+        return True
+    return not path.startswith("/") and _PROC_TAIL.search(path) is not None
 
 
 def _codes_of(obj) -> list[types.CodeType]:
@@ -172,6 +222,8 @@ class Guard:
         self._getframe = sys._getframe
         self._pid = os.getpid()
         self.profiler = None  # a profiler of the grader's own, if it ever needs one
+        self.bootstrap = frozenset({threading.Thread._bootstrap_inner.__code__})
+        self.sealed: frozenset = frozenset()  # the guard's own classes and functions (set by install)
         for module, qualname, parents in SAFE_SITES:
             wanted = None
             if parents is not None:
@@ -218,25 +270,6 @@ class Guard:
             found.append(what)
         raise Refused(f"refused while grading: {what}")
 
-    def hook(self, event: str, args: tuple) -> None:
-        if event == "object.__getattr__":
-            if args[1] not in FRAME_ATTRS:
-                return
-        elif event not in _WATCHED:
-            return
-        if not self.active:
-            if event == "sys.addaudithook":
-                return
-            return
-        ident = self._get_ident()
-        if ident in self._busy:
-            return
-        self._busy.add(ident)
-        try:
-            self._judge(event, args)
-        finally:
-            self._busy.discard(ident)
-
     def _judge(self, event: str, args: tuple) -> None:
         caller = self._getframe(2)  # 0: here, 1: hook, 2: the code that raised the event
         code = caller.f_code if caller is not None else None
@@ -250,20 +283,15 @@ class Guard:
                     return
             what = "sys._getframe (the grader's frames)" if event == "sys._getframe" else f".{args[1]} (a frame)"
             if code is not None and not self.is_learner(code):
-                what += f", asked by {os.path.basename(code.co_filename)}:{getattr(code, 'co_qualname', code.co_name)}"
+                what += f", asked by {code.co_filename.rsplit('/', 1)[-1]}:{getattr(code, 'co_qualname', code.co_name)}"
             self.refuse(what)
         if event in ALWAYS:
             self.refuse(ALWAYS[event])
         if event in ("sys.settrace", "sys.setprofile"):
             hook_attr = "_profile_hook" if event == "sys.setprofile" else "_trace_hook"
-            threading_mod = sys.modules.get("threading")
             own = self.profiler if event == "sys.setprofile" else None
-            if (
-                code is not None
-                and code.co_qualname == "Thread._bootstrap_inner"
-                and code.co_filename == threading.__file__
-            ):
-                if getattr(threading_mod, hook_attr, None) in (None, own):
+            if code is not None and code in self.bootstrap:
+                if getattr(_THREADING, hook_attr, None) in (None, own):
                     return
             self.refuse(f"{event} (a tracer receives the grader's frames)")
         if event.startswith("ctypes."):
@@ -280,8 +308,20 @@ class Guard:
                 return
             if isinstance(path, bytes):
                 path = path.decode(errors="replace")
-            if isinstance(path, str) and _PROC.match(os.path.normpath(path) if path.startswith("/") else path):
+            if isinstance(path, str) and _proc_path(path):
                 self.refuse(f"opening {path} (the grading process's memory or descriptors)")
+        if event == "os.symlink":
+            target = args[0]
+            if isinstance(target, bytes):
+                target = target.decode(errors="replace")
+            if isinstance(target, str) and ("proc" in target.split("/") or _proc_path(target)):
+                self.refuse(f"a symbolic link to {target} (the grading process's memory or descriptors)")
+        if (
+            event in ("object.__setattr__", "object.__delattr__")
+            and isinstance(args[0], (type, types.FunctionType))
+            and args[0] in self.sealed
+        ):
+            self.refuse(f"changing the grading guard ({getattr(args[0], '__name__', '?')}.{args[1]})")
         if event == "function.__new__" and (args[0] in self.frame_code or args[0] in self.trusted):
             self.refuse("a function built around the grader's or the standard library's frame-reading code")
         if event == "code.__new__" and self.is_learner(code):
@@ -290,7 +330,7 @@ class Guard:
             filename = args[1] if len(args) > 1 else None
             if isinstance(filename, bytes):
                 filename = filename.decode(errors="replace")
-            if isinstance(filename, str) and os.path.isabs(filename):
+            if isinstance(filename, str) and filename.startswith("/"):
                 self.refuse(f"compiling code under the name of a real file ({filename})")
 
     # ------------------------------------------------------------------ signals
@@ -331,6 +371,9 @@ _WATCHED = frozenset(
         "code.__new__",
         "function.__new__",
         "compile",
+        "os.symlink",
+        "object.__setattr__",
+        "object.__delattr__",
         *ALWAYS,
         "ctypes.dlopen",
         "ctypes.dlsym",
@@ -349,19 +392,106 @@ _WATCHED = frozenset(
     }
 )
 
-_INSTALLED: Guard | None = None
+_THREADING = threading
+_INSTALLED = False
 
 
 def install(protected_fds=()) -> Guard:
-    """Install the guard's audit hook (once per process; inactive until :meth:`start`)."""
+    """Install the guard's audit hook (once per process; inactive until ``active`` is set).
+
+    The hook is a closure over private copies: the guard's methods rebuilt on a frozen copy
+    of this module's globals and of the builtins, and, once learner code has started, the
+    allow-lists frozen too. A learner who reaches this module (``guard.Guard._judge = ...``,
+    ``guard._WATCHED = frozenset()``) or the returned object (``.active = False``) changes
+    nothing the hook consults; the code and defaults of the guard's functions cannot be replaced.
+    """
     global _INSTALLED
-    if _INSTALLED is None:
-        guard = Guard(protected_fds)
-        guard._wrap_signals()
-        guard.trusted.add(guard.hook.__func__.__code__)
-        sys.addaudithook(guard.hook)
-        _INSTALLED = guard
-    return _INSTALLED
+    if _INSTALLED:
+        raise RuntimeError("the grading guard is installed once per process")
+    guard = Guard(protected_fds)
+    guard._wrap_signals()
+    sys.addaudithook(_make_hook(guard))
+    _undumpable()
+    _INSTALLED = True
+    return guard
+
+
+def _undumpable() -> None:
+    """Close this process's memory to other processes of the same account (``prctl(PR_SET_DUMPABLE, 0)``).
+
+    The hook refuses ``/proc/self/mem`` in this process, but a child process it starts has no
+    hook and could read ``/proc/<this pid>/mem``; a process that is not dumpable lets only a
+    process holding CAP_SYS_PTRACE do that (the sandbox drops every capability).
+    """
+    try:
+        libc = _ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):  # not Linux: nothing to close
+        pass
+
+
+def _make_hook(guard: Guard):
+    import builtins
+
+    pinned = dict(globals())
+    pinned["__builtins__"] = dict(vars(builtins))
+
+    def pin(fn):
+        return types.FunctionType(fn.__code__, pinned, fn.__name__, fn.__defaults__, fn.__closure__)
+
+    for name in ("_resolve", "_proc_path"):
+        pinned[name] = pin(pinned[name])
+    judge, refuse, is_learner = pin(Guard._judge), pin(Guard.refuse), pin(Guard.is_learner)
+    live = guard
+
+    class View:
+        """What the hook reads: frozen at install, except where refusals are recorded."""
+
+        __slots__ = ("trusted", "safe", "frame_code", "protected_fds", "bootstrap", "sealed", "profiler", "_pid")
+        _getframe = staticmethod(sys._getframe)
+        scope = property(lambda self: live.scope)
+        learner_files = property(lambda self, _files=guard.learner_files: _files)
+        cell_of = property(lambda self, _cells=guard.cell_of: _cells)
+        refused = property(lambda self, _refused=guard.refused: _refused)
+
+    View.refuse, View.is_learner = refuse, is_learner
+    watched, frame_attrs, get_ident = _WATCHED, FRAME_ATTRS, threading.get_ident
+    busy: set[int] = set()
+    started: list[bool] = [False]  # once learner code has started, for good: nothing reachable turns it off
+    sealed = {Guard, View, Refused, ReferenceWatch, refuse, is_learner, judge}
+    for value in list(globals().values()):
+        if isinstance(value, types.FunctionType) or (isinstance(value, type) and value.__module__ == __name__):
+            sealed.add(value)
+    for cls in (Guard, ReferenceWatch):
+        sealed.update(v for v in vars(cls).values() if isinstance(v, types.FunctionType))
+    view = View()
+    view.safe = types.MappingProxyType(dict(live.safe))
+    view.protected_fds, view.bootstrap = frozenset(live.protected_fds), live.bootstrap
+    view.profiler, view._pid, view.frame_code = live.profiler, live._pid, frozenset(live.frame_code)
+    view.sealed = frozenset(sealed)
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "object.__getattr__":
+            if args[1] not in frame_attrs:
+                return
+        elif event not in watched:
+            return
+        if not started[0]:
+            if not live.active:
+                return
+            started[0] = True
+        ident = get_ident()
+        if ident in busy:
+            return
+        busy.add(ident)
+        try:
+            judge(view, event, args)
+        finally:
+            busy.discard(ident)
+
+    live.trusted.add(hook.__code__)
+    view.trusted = frozenset(live.trusted)
+    return hook
 
 
 # ----------------------------------------------------------------------------- reference answers

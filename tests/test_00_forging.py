@@ -108,6 +108,41 @@ ATTEMPTS = {
         "a function built around",
     ),
     "os.kill of the grading process": ("import os, signal as _s\nos.kill(os.getpid(), _s.SIGTERM)\n", "os.kill"),
+    # A fifth audit: the guard switched off from the module that holds it, then a frame walk.
+    "the guard's own class patched, then a frame walk": (
+        "import sys\nfrom autograder import guard as _g\n_g.Guard._judge = lambda *a: None\n_forge(sys._getframe())\n",
+        "sys._getframe",
+    ),
+    "the guard's function code replaced": (
+        "from autograder import guard as _g\n_g._proc_path.__code__ = (lambda p: False).__code__\n",
+        "changing the grading guard",
+    ),
+    "the guard's lists emptied, then a frame walk": (
+        "import sys\nfrom autograder import guard as _g\n_g._WATCHED = frozenset()\n_g.FRAME_ATTRS = frozenset()\n"
+        "_forge(sys._getframe())\n",
+        "sys._getframe",
+    ),
+    "the guard's state switched off, then a frame walk": (
+        "import sys\nfrom autograder import guard as _g\n_s = vars(_g).get('_INSTALLED')\n"
+        "if hasattr(_s, 'active'):\n    _s.active = False\n_forge(sys._getframe())\n",
+        "sys._getframe",
+    ),
+    "/proc/self/mem through /proc/self/root": (
+        "open('/proc/self/root/proc/self/mem', 'rb')\n",
+        "memory or descriptors",
+    ),
+    "a symbolic link to /proc/self/mem": (
+        "import os\nos.symlink('/proc/self/mem', 'mem-link')\nopen('mem-link', 'rb')\n",
+        "a symbolic link to /proc/self/mem",
+    ),
+    "mem opened relative to a descriptor of /proc/self": (
+        "import os\n_d = os.open('/proc/self', os.O_RDONLY)\nos.open('mem', os.O_RDONLY, dir_fd=_d)\n",
+        "opening /proc/self",
+    ),
+    "mem opened relative to a descriptor of /": (
+        "import os\n_d = os.open('/', os.O_RDONLY)\nos.open('proc/self/mem', os.O_RDONLY, dir_fd=_d)\n",
+        "opening proc/self/mem",
+    ),
 }
 
 
@@ -210,6 +245,81 @@ def test_rebinding_a_registered_check_changes_nothing():
     )
     assert task.points == 0 and "[FAIL]" in task.text(), task.text()  # the real check ran, and failed it
     assert task.flags and "autograder" in task.flags[0], task.flags
+
+
+#: The harness's own Stop, found without importing the grader (nothing here is flagged).
+STOP = """
+def _find(name, module):
+    todo, seen = [BaseException], set()
+    while todo:
+        c = todo.pop()
+        if c not in seen:
+            seen.add(c)
+            if c.__name__ == name and c.__module__ == module:
+                return c
+            todo.extend(vars(type)["__subclasses__"](c))
+
+async def count_visit(redis, pool, page):
+    raise _find("Stop", "autograder.harness")("nothing to see")
+"""
+
+
+@pytest.mark.slow
+def test_raising_the_checks_own_stop_earns_nothing():
+    """A Stop that no failed expectation raised once ended the checks as passed: 2/2, unflagged."""
+    task = _grade00(STOP)
+    assert task.points == 0 and "your code raised Stop" in task.text(), task.text()
+
+
+#: A child process has no audit hook: it reads the grading process's memory for the key.
+CHILD_READS_PARENT = """
+import os, subprocess, sys
+_child = "import sys\\ntry:\\n    open(f'/proc/{sys.argv[1]}/mem', 'rb').close()\\n    print('OPENED')\\nexcept OSError as e:\\n    print('DENIED', e)\\n"
+print(subprocess.run([sys.executable, '-c', _child, str(os.getpid())], capture_output=True, text=True).stdout)
+"""
+
+
+@pytest.mark.slow
+def test_a_child_process_cannot_read_the_grading_process_memory():
+    nb = json.loads((REPO / "solutions" / CH00 / f"{CH00}.ipynb").read_text())
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "count_visit":
+            cell["source"] = GOOD + CHILD_READS_PARENT
+    graded = grading.grade(CH00, grading.read_manifest(CH00), nb)
+    stdout = graded.cells["count_visit"].stdout
+    assert "DENIED" in stdout and "OPENED" not in stdout, stdout
+    assert graded.tasks[0].passed and graded.tasks[0].flags, graded.tasks[0].text()  # honest, but flagged
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda nb, cell: cell.__setitem__("metadata", {"nbgrader": "x"}),
+        lambda nb, cell: cell.__setitem__("metadata", []),
+        lambda nb, cell: cell.__setitem__("source", [1, 2]),
+        lambda nb, cell: cell["metadata"]["nbgrader"].__setitem__("grade_id", ["count_visit"]),
+        lambda nb, cell: nb["cells"].insert(0, "a cell that is a string"),
+        lambda nb, cell: nb.__setitem__("metadata", []),
+    ],
+    ids=[
+        "nbgrader metadata a string",
+        "metadata a list",
+        "source of numbers",
+        "grade_id a list",
+        "a string cell",
+        "metadata of the notebook a list",
+    ],
+)
+def test_a_hand_edited_notebook_is_graded_without_a_grader_traceback(damage, tmp_path):
+    from autograder import check
+
+    nb = json.loads((REPO / "notebooks" / CH00 / f"{CH00}.ipynb").read_text())
+    answer = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "count_visit")
+    damage(nb, answer)
+    job = grading.build_job(CH00, grading.read_manifest(CH00), nb)
+    assert [c["kind"] for c in job["cells"]].count("answer") == 1, job
+    assert check.identify(tmp_path / f"{CH00}.ipynb", nb) == CH00
+    grading.stale_setup(grading.read_manifest(CH00), nb)
 
 
 # ----------------------------------------------------------------------------- the reference answer

@@ -210,3 +210,30 @@ def test_a_claim_says_whether_the_run_bore_it_out_and_travels_in_the_cell_output
     assert claims.found_in(outputs) == [held, missed]
     long = claims.check("word " * 60, measured="m", held=True)
     assert max(map(len, long.text().splitlines())) <= claims.WIDTH
+
+
+def test_an_error_reads_the_same_on_every_run():
+    """What PostgreSQL and Python put in an error that changes between runs (a deadlock's
+    process numbers, a failing row's timestamp, an object's address) is masked in feedback."""
+    deadlock = (
+        "deadlock detected\nDETAIL:  Process 48213 waits for ShareLock on transaction 7731; "
+        "blocked by process 48214.\nFailing row contains (7, 2026-12-05 12:31:07.118204+00)."
+    )
+    masked = harness.stable_text(deadlock + " <function f at 0x7f3a2c1b9e40>")
+    assert "48213" not in masked and "7731" not in masked and "12:31" not in masked and "0x7f" not in masked
+    assert masked == harness.stable_text(deadlock.replace("48213", "9").replace("07.118204", "59.000001") + " <function f at 0x55aa11>")
+    assert "deadlock detected" in masked and "(7, <timestamp>)" in masked
+
+
+def test_a_dataclass_answer_runs_and_replicates_as_in_the_notebook():
+    """A learner's cell is compiled on its own terms, not with the grader's ``from __future__
+    import annotations`` (under which ``@dataclass`` in a module-less cell raises)."""
+    namespace = {"__name__": "__learner__"}
+    harness.run_cell(
+        "from dataclasses import dataclass, field\n\n"
+        "@dataclass\nclass Counter:\n    pending: dict = field(default_factory=dict)\n",
+        namespace,
+        "<answer dataclass>",
+    )
+    again = harness.replica(namespace, "Counter")
+    assert again is not namespace["Counter"] and again().pending == {}
