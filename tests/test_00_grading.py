@@ -116,6 +116,16 @@ async def count_visit(redis, pool, page: str) -> int:
     return int(await redis.incrby(key, 1))
 """
 
+# every INCR lands, but the count comes back from a second command: two visits can read the same one
+INCR_THEN_GET = """
+async def count_visit(redis, pool, page):
+    key = f"visits:{page}"
+    await redis.incr(key)
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO visits (page) VALUES (%s)", (page,))
+    return int(await redis.get(key))
+"""
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "count_visit": {
         "get then set": (GET_THEN_SET, "lost updates"),
@@ -126,6 +136,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "wrong key": (WRONG_KEY, "Redis holds"),
         "count read back with GET": (READ_BACK_WITH_GET, "read back with GET"),
         "count from postgresql": (COUNT_FROM_POSTGRES, "stood at 41"),
+        "incr, then get": (INCR_THEN_GET, "INCR, then GET"),
     },
 }
 

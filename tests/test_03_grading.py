@@ -571,6 +571,17 @@ REPEAT_REBUILDS_THE_RESPONSE = PENDING_ROW.replace(
     "            return row[2]\n", '            return {"order_id": row[2]["order_id"]}  # "the id is all they need"\n'
 )
 
+_SOLUTION_CREATE_ORDER = HEADER + solution_source("03", "create_order")
+_ONE_TRANSACTION = """    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "INSERT INTO orders"""
+assert _ONE_TRANSACTION in _SOLUTION_CREATE_ORDER
+# the order and the stored response in two autocommit statements: a crash between them leaves an order
+# behind a pending key, and the reaper makes a second one
+ORDER_AND_RESPONSE_IN_TWO_COMMITS = _SOLUTION_CREATE_ORDER.replace(
+    _ONE_TRANSACTION, _ONE_TRANSACTION.replace("as conn, conn.transaction():", "as conn:")
+)
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "create_order": {
         "check then insert": (CHECK_THEN_INSERT, "charged 10 times"),
@@ -588,6 +599,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "pending returns None": (PENDING_RETURNS_NONE, "identical"),
         "no release on a decline": (NO_RELEASE_ON_FAILURE, "stuck forever"),
         "release on any failure": (RELEASE_ON_ANY_FAILURE, "the charge may have gone through"),
+        "order and response in two commits": (ORDER_AND_RESPONSE_IN_TWO_COMMITS, "half of the last step committed"),
         "release on a provider error": (RELEASE_ON_PROVIDER_ERROR, "the charge may have gone through"),
         "no request stored": (NO_REQUEST_STORED, "request column is empty"),
         "no request hash": (NO_REQUEST_HASH, "IdempotencyKeyReused"),

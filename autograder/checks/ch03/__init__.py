@@ -316,6 +316,7 @@ async def _check_create_order(r: Report, create_order, pool, watcher) -> None:
         ("key-5xx", "ada-5xx", ProviderError(500, "payment provider answered 500")),
     ):
         await _check_uncertain(r, create_order, pool, key, customer, error)
+    await _check_store_crash(r, create_order, pool)
     await _check_distinct_keys(r, create_order, pool)
 
 
@@ -388,6 +389,90 @@ async def _check_uncertain(r: Report, create_order, pool, key: str, customer: st
         f"after the reaper, the client's retry got the stored response for order {ids[0] if ids else '?'}",
         f"after the reaper finished '{key}', the client's retry got {final!r} with {len(ids)} order(s) and "
         f"{len(card.calls) - calls} new charge(s); expected the stored response and no charge",
+    )
+
+
+#: Triggers that kill one statement of the owner's last step, as a crash there would: the order's INSERT
+#: (customer 'crash-order') or the UPDATE that stores the response (key 'key-crash-store').
+STORE_CRASH = """
+CREATE OR REPLACE FUNCTION ch03_check_crash() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'orders' THEN
+        IF NEW.customer = 'crash-order' THEN
+            RAISE EXCEPTION 'the check killed the service at this statement (%)', TG_TABLE_NAME;
+        END IF;
+    ELSIF NEW.key = 'key-crash-store' AND NEW.status = 'done' THEN
+        RAISE EXCEPTION 'the check killed the service at this statement (%)', TG_TABLE_NAME;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER ch03_check_crash_orders BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION ch03_check_crash();
+CREATE TRIGGER ch03_check_crash_keys BEFORE UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION ch03_check_crash();
+"""
+
+
+async def _check_store_crash(r: Report, create_order, pool) -> None:
+    # --- a crash while the order is inserted or the response stored: both commit, or neither ----
+    async with pool.connection() as conn:
+        await conn.execute(STORE_CRASH)
+    crashed = {}
+    try:
+        for key, customer, step in (
+            ("key-crash-store", "crash-store", "storing the response"),
+            ("key-crash-order", "crash-order", "inserting the order"),
+        ):
+            body = {"customer": customer, "amount_cents": 2100}
+            card = CheckCard()
+            try:
+                got = await create_order(pool, key, body, card)
+                crashed[key] = (customer, step, f"returned {got!r}")
+            except Exception as err:  # noqa: BLE001 - the crash the check injected
+                crashed[key] = (customer, step, f"raised {error_line(err)}")
+    finally:
+        async with pool.connection() as conn:
+            await conn.execute(
+                "DROP TRIGGER IF EXISTS ch03_check_crash_orders ON orders; "
+                "DROP TRIGGER IF EXISTS ch03_check_crash_keys ON idempotency_keys"
+            )
+    for key, (customer, step, outcome) in crashed.items():
+        if "the check killed the service" not in outcome:
+            r.fail(
+                f"the check stopped the service while {step} (a trigger on that statement), but create_order "
+                f"{outcome}: let a database error reach the caller (and insert the order with INSERT INTO orders, "
+                "store the response with an UPDATE of idempotency_keys)"
+            )
+        ids = await _orders(pool, customer)
+        stored = await _stored(pool, key)
+        half = (ids and (stored is None or stored[0] != "done")) or (
+            not ids and stored is not None and stored[0] == "done"
+        )
+        r.expect(
+            not half,
+            f"killed while {step} (create_order {outcome}): no order and no stored response, the key still "
+            f"{stored[0] if stored else 'released'}",
+            f"killed while {step} (create_order {outcome}): {len(ids)} order(s) for the key, its row "
+            f"{'is gone' if stored is None else repr(stored[0])}: half of the last step committed. "
+            + (
+                "The reaper (or the client's retry) finishes a pending key by inserting an order again: two orders "
+                "for one key."
+                if ids
+                else "The stored response names an order that does not exist."
+            )
+            + " Insert the order and store the response in one transaction (async with conn.transaction():)",
+        )
+    provider = CheckCard()
+
+    async def keyed(customer: str, amount_cents: int, provider_key: str) -> str:
+        return await provider(customer, amount_cents)
+
+    await reap_pending(pool, keyed, older_than=0)
+    counts = {customer: len(await _orders(pool, customer)) for customer, _, _ in crashed.values()}
+    r.expect(
+        all(n <= 1 for n in counts.values()),
+        f"after the reaper re-drove the crashed keys: orders per customer {counts}, none twice",
+        f"after the reaper re-drove the crashed keys: orders per customer {counts}; one key made two orders "
+        "(the order committed before the crash, the reaper made another): one transaction for the order and the "
+        "stored response",
     )
 
 

@@ -28,6 +28,12 @@ RULES: dict[str, list[Rule]] = {
             wrong="claim without a stored response",
         ),
         Rule(
+            "in the same transaction as the order row (a crash between the two must leave neither)",
+            "_check_store_crash: a trigger kills the order's INSERT, then the response's UPDATE; neither may be "
+            "left committed without the other, and the reaper must not make a second order",
+            wrong="order and response in two commits",
+        ),
+        Rule(
             "and return the stored one to every repeat",
             "_check_create_order: the same call again must return a response equal to the first",
             wrong="repeat rebuilds the response",
