@@ -356,8 +356,18 @@ def test_a_shared_load_that_a_cancelled_waiter_cancels_loses_two_points():
     assert res.points == 4 and "got CancelledError" in res.text()
 
 
-def test_a_lock_per_key_restarts_the_load_when_its_holder_is_cancelled():
-    res = assert_rejected("get_cached", LOCK_PER_KEY, mentions="2 loads for one key")
+def test_a_lock_per_key_loads_again_in_every_waiter_when_the_load_fails():
+    # each waiter takes the lock in turn and calls loader() itself: 20 loads on a failing database
+    assert_rejected("get_cached", LOCK_PER_KEY, mentions="started 20 loads")
+
+
+def test_a_load_run_by_its_caller_restarts_when_that_caller_is_cancelled():
+    res = assert_rejected("get_cached", HANDED_OVER_ON_CANCEL, mentions="2 loads for one key")
+    assert res.points == 4
+
+
+def test_an_entry_removed_by_each_caller_lets_a_late_caller_start_a_second_load():
+    res = assert_rejected("get_cached", ENTRY_REMOVED_BY_EACH_CALLER, mentions="started a second load")
     assert res.points == 4
 
 
@@ -456,13 +466,372 @@ async def get_user_cached(redis, pool, user_id):
 """
 
 
+# ============================================================================ get_cached: found by audit B
+
+HANDED_OVER_ON_CANCEL = """
+import asyncio, json, random
+
+
+class _Retry(Exception):
+    pass  # the caller running the load was cancelled: a waiter takes over
+
+
+_calls = {}
+
+
+async def get_cached(redis, key, ttl, loader):
+    while True:
+        raw = await redis.get(key)
+        if raw is not None:
+            return json.loads(raw)
+        fut = _calls.get(key)
+        if fut is not None:
+            try:
+                return await asyncio.shield(fut)
+            except _Retry:
+                continue
+        fut = _calls[key] = asyncio.get_running_loop().create_future()
+        try:
+            value = await loader()  # run by this caller itself: it dies with it
+            await redis.set(key, json.dumps(value), px=int(ttl * 1000 * random.uniform(1.0, 1.2)))
+        except asyncio.CancelledError:
+            fut.set_exception(_Retry())
+            raise
+        except Exception as err:
+            fut.set_exception(err)
+            raise
+        else:
+            fut.set_result(value)
+            return value
+        finally:
+            _calls.pop(key, None)
+            if fut.done() and not fut.cancelled() and fut.exception() is not None:
+                pass  # retrieved: no "exception never retrieved" warning
+"""
+
+ENTRY_REMOVED_BY_EACH_CALLER = """
+import asyncio, json, random
+
+_inflight = {}
+
+async def get_cached(redis, key, ttl, loader):
+    raw = await redis.get(key)
+    if raw is not None:
+        return json.loads(raw)
+    task = _inflight.get(key)
+    if task is None:
+        async def load():
+            value = await loader()
+            await redis.set(key, json.dumps(value), px=int(ttl * 1000 * random.uniform(1.0, 1.2)))
+            return value
+        task = _inflight[key] = asyncio.create_task(load())
+    try:
+        return await asyncio.shield(task)
+    finally:
+        _inflight.pop(key, None)
+"""
+
+WAITERS_LOAD_AGAIN_AFTER_A_FAILURE = """
+import asyncio, json, random
+
+_inflight = {}
+
+async def _load(redis, key, ttl, loader):
+    try:
+        value = await loader()
+        await redis.set(key, json.dumps(value), px=int(ttl * 1000 * random.uniform(1.0, 1.2)))
+        return value
+    finally:
+        _inflight.pop(key, None)
+
+async def get_cached(redis, key, ttl, loader):
+    raw = await redis.get(key)
+    if raw is not None:
+        return json.loads(raw)
+    task = _inflight.get(key)
+    if task is None:
+        task = _inflight[key] = asyncio.create_task(_load(redis, key, ttl, loader))
+        return await asyncio.shield(task)
+    try:
+        return await asyncio.shield(task)
+    except Exception:
+        return await loader()   # the shared load failed: try ourselves
+"""
+
+FUTURE_SET_BY_ITS_OWN_TASK_TYPED = """
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any, Awaitable, Callable
+
+_loads: dict[str, asyncio.Future] = {}
+
+
+def _ttl_ms(ttl: float) -> int:
+    return int(random.uniform(ttl, ttl * 1.2) * 1000)
+
+
+async def _fill(redis, key: str, ttl: float, loader: Callable[[], Awaitable[Any]], fut: asyncio.Future) -> None:
+    try:
+        value = await loader()
+    except BaseException as exc:  # noqa: BLE001
+        fut.set_exception(exc)
+        _loads.pop(key, None)
+        return
+    try:
+        await redis.set(key, json.dumps(value), px=_ttl_ms(ttl))
+        fut.set_result(value)
+    except Exception as exc:
+        fut.set_exception(exc)
+    finally:
+        _loads.pop(key, None)
+
+
+async def get_cached(redis, key: str, ttl: float, loader) -> Any:
+    raw = await redis.get(key)
+    if raw is not None:
+        return json.loads(raw)
+    fut = _loads.get(key)
+    if fut is None:
+        fut = _loads[key] = asyncio.get_running_loop().create_future()
+        asyncio.create_task(_fill(redis, key, ttl, loader, fut))
+    return await asyncio.shield(fut)
+"""
+
+SET_THEN_PEXPIRE_IN_A_PIPELINE = """
+import asyncio, json, random
+
+inflight = {}
+
+async def get_cached(redis, key, ttl, loader):
+    v = await redis.get(key)
+    if v is not None:
+        return json.loads(v)
+    if key in inflight:
+        return await asyncio.shield(inflight[key])
+    async def run():
+        try:
+            value = await loader()
+            ms = int(1000 * ttl * (1 + 0.2 * random.random()))
+            async with redis.pipeline(transaction=True) as p:
+                p.set(key, json.dumps(value))
+                p.pexpire(key, ms)
+                await p.execute()
+            return value
+        finally:
+            inflight.pop(key)
+    t = inflight[key] = asyncio.get_running_loop().create_task(run())
+    return await asyncio.shield(t)
+"""
+
+SET_THEN_PEXPIRE_TWO_CALLS = """
+import asyncio, json, random
+
+_inflight = {}
+
+async def get_cached(redis, key, ttl, loader):
+    raw = await redis.get(key)
+    if raw is not None:
+        return json.loads(raw)
+    task = _inflight.get(key)
+    if task is None:
+        async def load():
+            try:
+                value = await loader()
+                await redis.set(key, json.dumps(value))
+                await redis.pexpire(key, int(ttl * random.uniform(1.0, 1.2) * 1000))
+                return value
+            finally:
+                _inflight.pop(key, None)
+        task = _inflight[key] = asyncio.create_task(load())
+    return await asyncio.shield(task)
+"""
+
+RECHECK_INSIDE_THE_LOAD = """
+import asyncio
+import json
+import random
+
+_tasks = {}
+
+
+async def _load(redis, key, ttl, loader):
+    try:
+        # someone may have filled it since our GET
+        again = await redis.get(key)
+        if again is not None:
+            return json.loads(again)
+        value = await loader()
+        jittered = ttl + random.uniform(0, ttl / 5)
+        await redis.set(key, json.dumps(value), px=int(jittered * 1000))
+        return value
+    finally:
+        _tasks.pop(key, None)
+
+
+async def get_cached(redis, key, ttl, loader):
+    got = await redis.get(key)
+    if got is not None:
+        return json.loads(got)
+    if key not in _tasks:
+        _tasks[key] = asyncio.create_task(_load(redis, key, ttl, loader))
+    return await asyncio.shield(_tasks[key])
+"""
+
+USER_AS_A_HASH = """
+USER_TTL = 300
+MISS_TTL = 30
+async def get_user_cached(redis, pool, user_id):
+    key = f"user:{user_id}"
+    h = await redis.hgetall(key)
+    if h:
+        if h.get("missing"):
+            return None
+        return {"id": int(h["id"]), "name": h["name"], "email": h["email"]}
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT id, name, email FROM users WHERE id = %s", (user_id,))).fetchone()
+    if row is None:
+        await redis.hset(key, mapping={"missing": "1"})
+        await redis.expire(key, MISS_TTL)
+        return None
+    await redis.hset(key, mapping={"id": row[0], "name": row[1], "email": row[2]})
+    await redis.expire(key, USER_TTL)
+    return {"id": row[0], "name": row[1], "email": row[2]}
+"""
+
+USER_SLIDING_EXPIRY_ON_MISSES = """
+import json
+USER_TTL = 300
+MISS_TTL = 30
+async def get_user_cached(redis, pool, user_id):
+    key = f"user:{user_id}"
+    cached = await redis.getex(key, ex=MISS_TTL) if False else await redis.get(key)
+    if cached is not None:
+        if cached == "null":
+            await redis.expire(key, MISS_TTL)  # keep hot misses cached: sliding expiry
+        return json.loads(cached)
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT id, name, email FROM users WHERE id = %s", (user_id,))).fetchone()
+    user = None if row is None else {"id": row[0], "name": row[1], "email": row[2]}
+    await redis.set(key, json.dumps(user), ex=MISS_TTL if user is None else USER_TTL)
+    return user
+"""
+
+USER_DICT_ROW_CURSOR = """
+import json
+from psycopg.rows import dict_row
+
+USER_TTL = 600
+MISS_TTL = 45
+
+async def get_user_cached(redis, pool, user_id):
+    key = f"users:v1:{user_id}"
+    raw = await redis.get(key)
+    if raw is not None:
+        return json.loads(raw)
+    async with pool.connection() as conn:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute("SELECT u.id, u.name, u.email FROM users AS u WHERE u.id = %(id)s", {"id": user_id})
+            user = await cur.fetchone()
+    await redis.set(key, json.dumps(user), ex=MISS_TTL if user is None else USER_TTL)
+    return user
+"""
+
+USER_SEPARATE_MISS_KEY = """
+import json
+
+USER_TTL = 300
+MISS_TTL = 60
+
+async def get_user_cached(redis, pool, user_id):
+    hit = await redis.get(f"user:{user_id}")
+    if hit is not None:
+        return json.loads(hit)
+    if await redis.get(f"user-miss:{user_id}") is not None:
+        return None
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT id, name, email FROM users WHERE id = %s", (user_id,))).fetchone()
+    if row is None:
+        await redis.set(f"user-miss:{user_id}", "1", ex=MISS_TTL)
+        return None
+    user = {"id": row[0], "name": row[1], "email": row[2]}
+    await redis.set(f"user:{user_id}", json.dumps(user), ex=USER_TTL)
+    return user
+"""
+
+USER_SET_THEN_EXPIRE_PIPELINE = """
+import json
+
+USER_TTL = 120
+MISS_TTL = 5
+
+async def get_user_cached(redis, pool, user_id):
+    key = f"user:{user_id}"
+    raw = await redis.get(key)
+    if raw is not None:
+        return json.loads(raw)
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT id, name, email FROM users WHERE id = %s", (user_id,))).fetchone()
+    user = row and {"id": row[0], "name": row[1], "email": row[2]}
+    async with redis.pipeline(transaction=True) as p:
+        p.set(key, json.dumps(user))
+        p.expire(key, USER_TTL if user else MISS_TTL)
+        await p.execute()
+    return user
+"""
+
+
+ONE_LOCK_AROUND_EVERY_LOAD = """
+import asyncio, json, random
+
+_db_lock = asyncio.Lock()  # "protect the database": one load at a time
+_inflight = {}
+
+async def get_cached(redis, key, ttl, loader):
+    raw = await redis.get(key)
+    if raw is not None:
+        return json.loads(raw)
+    task = _inflight.get(key)
+    if task is None:
+        async def load():
+            try:
+                async with _db_lock:
+                    value = await loader()
+                    await redis.set(key, json.dumps(value), px=int(ttl * 1000 * random.uniform(1.0, 1.2)))
+                    return value
+            finally:
+                _inflight.pop(key, None)
+        task = _inflight[key] = asyncio.ensure_future(load())
+    return await asyncio.shield(task)
+"""
+
+USER_TTL_IN_MILLISECONDS = """
+import json
+USER_TTL = 300
+MISS_TTL = 30
+async def get_user_cached(redis, pool, user_id):
+    key = f"user:{user_id}"
+    cached = await redis.get(key)
+    if cached is not None:
+        return json.loads(cached)
+    async with pool.connection() as conn:
+        row = await (await conn.execute("SELECT id, name, email FROM users WHERE id = %s", (user_id,))).fetchone()
+    user = None if row is None else {"id": row[0], "name": row[1], "email": row[2]}
+    await redis.set(key, json.dumps(user), px=MISS_TTL if user is None else USER_TTL)  # oops: ms
+    return user
+"""
+
+
 # ============================================================================ the whole notebook
 
 
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "get_cached": {
         "no single-flight": (NO_SINGLE_FLIGHT, "made 50 database queries"),
-        "one lock for all keys": (ONE_GLOBAL_LOCK, "different keys waited on each other"),
+        "one lock for all keys": (ONE_LOCK_AROUND_EVERY_LOAD, "different keys waited on each other"),
+        "one lock for all keys, each waiter loading": (ONE_GLOBAL_LOCK, "started 20 loads"),
         "one load shared by every key": (GLOBAL_LOAD_NOT_PER_KEY, "keyed by the key"),
         "in-flight entry never removed": (ENTRY_NEVER_REMOVED, "after expiry the burst made 0 queries"),
         "entry removed only on success": (REMOVED_ONLY_ON_SUCCESS, "poisons the key"),
@@ -475,7 +844,10 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "TTL below the requested one": (JITTER_BELOW_TTL, "between ttl and 1.2 x ttl"),
         "value remembered in process memory": (IN_PROCESS_MEMO, "after expiry the burst made 0 queries"),
         "not shielded": (NOT_SHIELDED, "asyncio.shield"),
-        "a lock per key": (LOCK_PER_KEY, "2 loads for one key"),
+        "a lock per key": (LOCK_PER_KEY, "started 20 loads"),
+        "a load run by its caller, handed over on cancel": (HANDED_OVER_ON_CANCEL, "2 loads for one key"),
+        "in-flight entry removed by each caller": (ENTRY_REMOVED_BY_EACH_CALLER, "started a second load"),
+        "waiters load again after a failure": (WAITERS_LOAD_AGAIN_AFTER_A_FAILURE, "started 20 loads"),
         "an event per key": (EVENTS, "the shared load must run to the end"),
     },
     "get_user_cached": {
@@ -487,6 +859,9 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "a user without a TTL": (USER_HIT_WITHOUT_TTL, "has no TTL"),
         "misses in process memory": (USER_MISS_IN_PROCESS_SET, "process memory"),
         "one set for every miss": (USER_MISS_CACHED_IN_ANOTHER_KEY_FOREVER_CHECKED_FIRST, "one set for every miss"),
+        "a user as a hash": (USER_AS_A_HASH, "as a JSON string"),
+        "a sliding expiry on misses": (USER_SLIDING_EXPIRY_ON_MISSES, "sliding expiry"),
+        "a TTL in milliseconds": (USER_TTL_IN_MILLISECONDS, "px= takes milliseconds"),
     },
 }
 
@@ -497,12 +872,19 @@ CORRECT: dict[str, dict[str, str]] = {
         "a future set by a task of its own": FUTURE_SET_BY_A_TASK,
         "asyncio.wait instead of shield": WAIT_INSTEAD_OF_SHIELD,
         "whole seconds with ex= (ttl is 60)": INT_SECONDS_TRUNCATED,
+        "a future set by its own task, typed": FUTURE_SET_BY_ITS_OWN_TASK_TYPED,
+        "SET then PEXPIRE in a MULTI pipeline": SET_THEN_PEXPIRE_IN_A_PIPELINE,
+        "SET then PEXPIRE as two calls": SET_THEN_PEXPIRE_TWO_CALLS,
+        "Redis read again inside the load": RECHECK_INSIDE_THE_LOAD,
     },
     "get_user_cached": {
         "solution": solution_source("04", "get_user_cached"),
         "a cached null": USER_NULL_MARKER,
         "a sentinel and a dict row": USER_SENTINEL,
         "the null variant helper": _user_variant('await redis.set(key, "null", ex=30)'),
+        "a dict_row cursor and an alias": USER_DICT_ROW_CURSOR,
+        "a separate key for misses": USER_SEPARATE_MISS_KEY,
+        "SET then EXPIRE in a pipeline, a 5 s miss": USER_SET_THEN_EXPIRE_PIPELINE,
     },
 }
 

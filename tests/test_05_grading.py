@@ -663,12 +663,16 @@ REPLAY_COUNTS_ROWS_READ = patched(
 # Issue 28 audit: a replay of a key that is not blocked (replayed already) returns None, not 0.
 REPLAY_NOT_BLOCKED_RETURNS_NONE = patched(
     ONE_TRANSACTION,
-    ("        if block is None:  # not blocked (or replayed already): nothing to do\n            return 0\n",
-     "        if block is None:  # not blocked (or replayed already): nothing to do\n            return\n"),
+    (
+        "        if block is None:  # not blocked (or replayed already): nothing to do\n            return 0\n",
+        "        if block is None:  # not blocked (or replayed already): nothing to do\n            return\n",
+    ),
 )
 
 # Issue 28 audit: catches the kill (a BaseException) and dead-letters the entry as if it had failed.
-CATCHES_KILL = patched(LANES, ("        except Exception as err:  # permanent", "        except BaseException as err:  # permanent"))
+CATCHES_KILL = patched(
+    LANES, ("        except Exception as err:  # permanent", "        except BaseException as err:  # permanent")
+)
 
 
 # XACK of a dead-lettered entry before its key's block is committed (acknowledge last).
@@ -693,16 +697,678 @@ BLOCK_WITHOUT_FIELDS = patched(
 )
 
 
+# ----------------------------------------------------------------------------- found by audit B
+
+OWN_RETRY_QUEUES = """
+import asyncio
+import random
+import time
+from collections import defaultdict, deque
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+
+
+async def _apply_once(pool, handle, stream, entry_id, fields):
+    async with pool.connection() as conn:
+        async with conn.transaction():
+            blocked = await (
+                await conn.execute("SELECT 1 FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, fields["key"]))
+            ).fetchone()
+            if blocked:
+                await conn.execute(
+                    "INSERT INTO mq_parked (stream, entry_id, key, fields) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (stream, entry_id, fields["key"], Jsonb(fields)),
+                )
+                return
+            fresh = await (
+                await conn.execute(
+                    "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (message_id) DO NOTHING RETURNING 1",
+                    (fields["id"], stream, entry_id),
+                )
+            ).fetchone()
+            if fresh:
+                await handle(conn, fields)
+
+
+async def ordered_consumer(pool, redis, handle, *, stream, group, consumer, dlq, policy, sleep, rand, clock,
+                           claim_idle_ms=60_000) -> None:
+    queues: dict[str, deque] = defaultdict(deque)
+    workers: dict[str, asyncio.Task] = {}
+
+    async def handle_entry(entry_id, fields):
+        first = last = None
+        attempt = 0
+        while True:
+            try:
+                await _apply_once(pool, handle, stream, entry_id, fields)
+                break
+            except Exception as err:
+                now = clock()
+                first = now if first is None else first
+                last = now
+                attempt += 1
+                retry = policy.retryable(err)
+                if retry and attempt < policy.max_attempts:
+                    k = attempt - 1
+                    await sleep(rand() * min(policy.backoff.cap, policy.backoff.base * 2**k))
+                    continue
+                reason = "exhausted" if retry else "permanent"
+                dlq_id = await redis.xadd(dlq, dlq_entry(
+                    fields, stream=stream, entry_id=entry_id, attempts=attempt, first_failed_at=first,
+                    last_failed_at=last, error=err, reason=reason))
+                async with pool.connection() as conn:
+                    await conn.execute(
+                        "INSERT INTO mq_blocked_keys (stream, key, entry_id, message_id, dlq_id, fields, reason) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        (stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb(fields), reason),
+                    )
+                break
+        await redis.xack(stream, group, entry_id)
+
+    async def worker(key):
+        q = queues[key]
+        while q:
+            await handle_entry(*q[0])
+            q.popleft()
+        workers.pop(key, None)
+        queues.pop(key, None)
+
+    def submit(entries):
+        for entry_id, fields in entries:
+            queues[fields["key"]].append((entry_id, fields))
+            if fields["key"] not in workers:
+                workers[fields["key"]] = asyncio.create_task(worker(fields["key"]))
+
+    cursor = "0-0"
+    while True:
+        cursor, claimed, *_ = await redis.xautoclaim(stream, group, consumer, claim_idle_ms, cursor)
+        submit(claimed)
+        if cursor == "0-0":
+            break
+    try:
+        while True:
+            reply = await redis.xreadgroup(group, consumer, {stream: ">"}, count=50)
+            if reply and reply[0][1]:
+                submit(reply[0][1])
+                continue
+            if not workers:
+                return
+            done, _ = await asyncio.wait(set(workers.values()), return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # a kill (or a bug) surfaces here
+    finally:
+        for t in list(workers.values()):
+            t.cancel()
+"""
+
+TASK_CHAIN_PER_KEY = """
+import asyncio
+import random
+import time
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+
+
+async def ordered_consumer(pool, redis, handle, *, stream, group, consumer, dlq, policy, sleep, rand, clock, claim_idle_ms=60_000):
+    async def apply(entry_id, fields):
+        # one transaction: park if the key is blocked, else record the id and apply the change
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "SELECT 1 FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR SHARE", (stream, fields["key"])
+            )
+            if await cur.fetchone() is not None:
+                await conn.execute(
+                    "INSERT INTO mq_parked (stream, entry_id, key, fields) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT DO NOTHING",
+                    (stream, entry_id, fields["key"], Jsonb(fields)),
+                )
+                return
+            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:  # a new message id: apply it
+                await handle(conn, fields)
+
+    async def process(entry_id, fields):
+        state = RetryState()
+        try:
+            await retry_call(lambda: apply(entry_id, fields), policy, clock=clock, sleep=sleep, rand=rand, state=state)
+        except Exception as err:  # permanent, or out of attempts: dead-letter it and block its key
+            reason = "permanent" if state.gave_up == "not retryable" else "exhausted"
+            entry = dlq_entry(
+                fields,
+                stream=stream,
+                entry_id=entry_id,
+                attempts=state.attempt,
+                first_failed_at=state.first_failure_at,
+                last_failed_at=state.last_failure_at,
+                error=err,
+                reason=reason,
+            )
+            dlq_id = await redis.xadd(dlq, entry)
+            async with pool.connection() as conn:
+                await conn.execute(
+                    "INSERT INTO mq_blocked_keys (stream, key, entry_id, message_id, dlq_id, fields, reason) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb(fields), reason),
+                )
+        await redis.xack(stream, group, entry_id)  # only after the commit
+
+    tails: dict[str, asyncio.Task] = {}
+    tasks: set[asyncio.Task] = set()
+
+    async def after(prev, entry_id, fields):
+        if prev is not None:
+            await asyncio.shield(prev)  # a key's entries one at a time, in stream order
+        await process(entry_id, fields)
+
+    def dispatch(entries):
+        for entry_id, fields in entries:
+            key = fields["key"]
+            t = asyncio.create_task(after(tails.get(key), entry_id, fields))
+            tails[key] = t
+            tasks.add(t)
+
+    cursor = "0-0"
+    while True:
+        cursor, claimed, *_ = await redis.xautoclaim(stream, group, consumer, claim_idle_ms, cursor, count=100)
+        dispatch(claimed)
+        if cursor == "0-0":
+            break
+    try:
+        while True:
+            reply = await redis.xreadgroup(group, consumer, {stream: ">"}, count=10)
+            if reply:
+                dispatch(reply[0][1])
+                continue
+            pending = {t for t in tasks if not t.done()}
+            for t in tasks - pending:
+                t.result()
+            tasks.intersection_update(pending)
+            if not pending:
+                break
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+"""
+
+LOCK_PER_KEY_ROWCOUNT = """
+import asyncio
+import random
+import time
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+
+
+async def ordered_consumer(pool, redis, handle, *, stream, group, consumer, dlq, policy, sleep, rand, clock, claim_idle_ms=60_000):
+    async def apply(entry_id, fields):
+        # one transaction: park if the key is blocked, else record the id and apply the change
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO mq_parked (stream, entry_id, key, fields) "
+                "SELECT b.stream, %s, b.key, %s FROM mq_blocked_keys b WHERE b.stream = %s AND b.key = %s "
+                "ON CONFLICT DO NOTHING",
+                (entry_id, Jsonb(fields), stream, fields["key"]),
+            )
+            if cur.rowcount:
+                return
+            again = await (await conn.execute(
+                "SELECT count(*) FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, fields["key"]))).fetchone()
+            if again[0]:
+                return  # parked before (a redelivery)
+            cur = await conn.execute(
+                "INSERT INTO mq_processed AS p (message_id, stream, entry_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                (fields["id"], stream, entry_id),
+            )
+            if cur.rowcount == 1:
+                await handle(conn, fields)
+
+    async def process(entry_id, fields):
+        state = RetryState()
+        try:
+            await retry_call(lambda: apply(entry_id, fields), policy, clock=clock, sleep=sleep, rand=rand, state=state)
+        except Exception as err:  # permanent, or out of attempts: dead-letter it and block its key
+            reason = "permanent" if state.gave_up == "not retryable" else "exhausted"
+            entry = dlq_entry(
+                fields,
+                stream=stream,
+                entry_id=entry_id,
+                attempts=state.attempt,
+                first_failed_at=state.first_failure_at,
+                last_failed_at=state.last_failure_at,
+                error=err,
+                reason=reason,
+            )
+            dlq_id = await redis.xadd(dlq, entry)
+            async with pool.connection() as conn:
+                await conn.execute(
+                    "INSERT INTO mq_blocked_keys (stream, key, entry_id, message_id, dlq_id, fields, reason) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb(fields), reason),
+                )
+        await redis.xack(stream, group, entry_id)  # only after the commit
+
+    locks: dict = {}
+    running: set = set()
+
+    async def one(entry_id, fields):
+        lock = locks.setdefault(fields["key"], asyncio.Lock())
+        async with lock:  # asyncio.Lock wakes waiters in FIFO order: stream order per key
+            await process(entry_id, fields)
+
+    def start(entries):
+        for entry_id, fields in entries:
+            running.add(asyncio.ensure_future(one(entry_id, fields)))
+
+    cursor = "0-0"
+    while True:
+        cursor, claimed, *_ = await redis.xautoclaim(stream, group, consumer, claim_idle_ms, cursor)
+        start(claimed)
+        if cursor == "0-0":
+            break
+    while True:
+        reply = await redis.xreadgroup(group, consumer, {stream: ">"})
+        if reply and reply[0][1]:
+            start(reply[0][1])
+            continue
+        live = [t for t in running if not t.done()]
+        for t in [t for t in running if t.done()]:
+            running.discard(t)
+            t.result()
+        if not live:
+            return
+        await asyncio.wait(live, return_when=asyncio.FIRST_COMPLETED)
+"""
+
+CATCHES_BASE_EXCEPTION = """
+import asyncio
+import random
+import time
+from collections import defaultdict, deque
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+
+
+async def _apply_once(pool, handle, stream, entry_id, fields):
+    async with pool.connection() as conn:
+        async with conn.transaction():
+            blocked = await (
+                await conn.execute("SELECT 1 FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, fields["key"]))
+            ).fetchone()
+            if blocked:
+                await conn.execute(
+                    "INSERT INTO mq_parked (stream, entry_id, key, fields) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (stream, entry_id, fields["key"], Jsonb(fields)),
+                )
+                return
+            fresh = await (
+                await conn.execute(
+                    "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (message_id) DO NOTHING RETURNING 1",
+                    (fields["id"], stream, entry_id),
+                )
+            ).fetchone()
+            if fresh:
+                await handle(conn, fields)
+
+
+async def ordered_consumer(pool, redis, handle, *, stream, group, consumer, dlq, policy, sleep, rand, clock,
+                           claim_idle_ms=60_000) -> None:
+    queues: dict[str, deque] = defaultdict(deque)
+    workers: dict[str, asyncio.Task] = {}
+
+    async def handle_entry(entry_id, fields):
+        first = last = None
+        attempt = 0
+        while True:
+            try:
+                await _apply_once(pool, handle, stream, entry_id, fields)
+                break
+            except BaseException as err:  # be robust
+                now = clock()
+                first = now if first is None else first
+                last = now
+                attempt += 1
+                retry = policy.retryable(err)
+                if retry and attempt < policy.max_attempts:
+                    k = attempt - 1
+                    await sleep(rand() * min(policy.backoff.cap, policy.backoff.base * 2**k))
+                    continue
+                reason = "exhausted" if retry else "permanent"
+                dlq_id = await redis.xadd(dlq, dlq_entry(
+                    fields, stream=stream, entry_id=entry_id, attempts=attempt, first_failed_at=first,
+                    last_failed_at=last, error=err, reason=reason))
+                async with pool.connection() as conn:
+                    await conn.execute(
+                        "INSERT INTO mq_blocked_keys (stream, key, entry_id, message_id, dlq_id, fields, reason) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        (stream, fields["key"], entry_id, fields["id"], dlq_id, Jsonb(fields), reason),
+                    )
+                break
+        await redis.xack(stream, group, entry_id)
+
+    async def worker(key):
+        q = queues[key]
+        while q:
+            await handle_entry(*q[0])
+            q.popleft()
+        workers.pop(key, None)
+        queues.pop(key, None)
+
+    def submit(entries):
+        for entry_id, fields in entries:
+            queues[fields["key"]].append((entry_id, fields))
+            if fields["key"] not in workers:
+                workers[fields["key"]] = asyncio.create_task(worker(fields["key"]))
+
+    cursor = "0-0"
+    while True:
+        cursor, claimed, *_ = await redis.xautoclaim(stream, group, consumer, claim_idle_ms, cursor)
+        submit(claimed)
+        if cursor == "0-0":
+            break
+    try:
+        while True:
+            reply = await redis.xreadgroup(group, consumer, {stream: ">"}, count=50)
+            if reply and reply[0][1]:
+                submit(reply[0][1])
+                continue
+            if not workers:
+                return
+            done, _ = await asyncio.wait(set(workers.values()), return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # a kill (or a bug) surfaces here
+    finally:
+        for t in list(workers.values()):
+            t.cancel()
+"""
+
+REPLAY_PYTHON_SORT = """
+import asyncio
+from psycopg.rows import dict_row
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+async def replay_key(pool, redis, handle, *, stream, key, dlq) -> int:
+    async with pool.connection() as conn:
+        async with conn.transaction():
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(
+                    "SELECT * FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR UPDATE", (stream, key)
+                )
+                block = await cur.fetchone()
+                if not block:
+                    return 0
+                await cur.execute("SELECT entry_id, fields FROM mq_parked WHERE stream = %s AND key = %s", (stream, key))
+                parked = sorted(await cur.fetchall(), key=lambda row: _entry_key(row["entry_id"]))
+            todo = [(block["entry_id"], block["fields"])] + [(p["entry_id"], p["fields"]) for p in parked]
+            count = 0
+            for entry_id, fields in todo:
+                ins = await conn.execute(
+                    "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                    (fields["id"], stream, entry_id),
+                )
+                if ins.rowcount == 1:
+                    await handle(conn, fields)
+                    count += 1
+            await conn.execute(
+                "WITH gone AS (DELETE FROM mq_parked WHERE stream = %s AND key = %s) "
+                "DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s",
+                (stream, key, stream, key),
+            )
+        dlq_id = block["dlq_id"]
+    if dlq_id:
+        await redis.xdel(dlq, dlq_id)
+    return count
+"""
+
+REPLAY_SAVEPOINT = """
+import asyncio
+import random
+import time
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+
+
+async def replay_key(pool, redis, handle, *, stream, key, dlq):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT entry_id, dlq_id, fields FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR UPDATE",
+            (stream, key),
+        )
+        block = await cur.fetchone()
+        if block is None:  # not blocked (or replayed already): nothing to do
+            return 0
+        dead_entry, dlq_id, dead_fields = block
+        cur = await conn.execute(
+            "SELECT entry_id, fields FROM mq_parked WHERE stream = %s AND key = %s "
+            "ORDER BY split_part(entry_id, '-', 1)::bigint, split_part(entry_id, '-', 2)::bigint",
+            (stream, key),
+        )
+        applied = 0
+        for entry_id, fields in [(dead_entry, dead_fields), *await cur.fetchall()]:
+            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:
+                async with conn.transaction():  # a savepoint around the handler
+                    await handle(conn, fields)
+                applied += 1
+        await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND key = %s", (stream, key))
+        await conn.execute("DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key))
+    await redis.xdel(dlq, dlq_id)  # after the commit
+    return applied
+"""
+
+REPLAY_XDEL_BEFORE_COMMIT = """
+import asyncio
+import random
+import time
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+
+
+async def replay_key(pool, redis, handle, *, stream, key, dlq):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT entry_id, dlq_id, fields FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR UPDATE",
+            (stream, key),
+        )
+        block = await cur.fetchone()
+        if block is None:  # not blocked (or replayed already): nothing to do
+            return 0
+        dead_entry, dlq_id, dead_fields = block
+        cur = await conn.execute(
+            "SELECT entry_id, fields FROM mq_parked WHERE stream = %s AND key = %s "
+            "ORDER BY split_part(entry_id, '-', 1)::bigint, split_part(entry_id, '-', 2)::bigint",
+            (stream, key),
+        )
+        applied = 0
+        for entry_id, fields in [(dead_entry, dead_fields), *await cur.fetchall()]:
+            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:
+                await handle(conn, fields)
+                applied += 1
+        await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND key = %s", (stream, key))
+        await conn.execute("DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key))
+        await redis.xdel(dlq, dlq_id)
+    return applied
+"""
+
+REPLAY_PARKED_AT_ORDER = """
+import asyncio
+import random
+import time
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+
+
+async def replay_key(pool, redis, handle, *, stream, key, dlq):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT entry_id, dlq_id, fields FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR UPDATE",
+            (stream, key),
+        )
+        block = await cur.fetchone()
+        if block is None:  # not blocked (or replayed already): nothing to do
+            return 0
+        dead_entry, dlq_id, dead_fields = block
+        cur = await conn.execute(
+            "SELECT entry_id, fields FROM mq_parked WHERE stream = %s AND key = %s "
+            "ORDER BY parked_at",
+            (stream, key),
+        )
+        applied = 0
+        for entry_id, fields in [(dead_entry, dead_fields), *await cur.fetchall()]:
+            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:
+                await handle(conn, fields)
+                applied += 1
+        await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND key = %s", (stream, key))
+        await conn.execute("DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key))
+    await redis.xdel(dlq, dlq_id)  # after the commit
+    return applied
+"""
+
+REPLAY_NO_ORDER = """
+import asyncio
+import random
+import time
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+
+
+async def replay_key(pool, redis, handle, *, stream, key, dlq):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT entry_id, dlq_id, fields FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR UPDATE",
+            (stream, key),
+        )
+        block = await cur.fetchone()
+        if block is None:  # not blocked (or replayed already): nothing to do
+            return 0
+        dead_entry, dlq_id, dead_fields = block
+        cur = await conn.execute(
+            "SELECT entry_id, fields FROM mq_parked WHERE stream = %s AND key = %s "
+            "",
+            (stream, key),
+        )
+        applied = 0
+        for entry_id, fields in [(dead_entry, dead_fields), *await cur.fetchall()]:
+            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:
+                await handle(conn, fields)
+                applied += 1
+        await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND key = %s", (stream, key))
+        await conn.execute("DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key))
+    await redis.xdel(dlq, dlq_id)  # after the commit
+    return applied
+"""
+
+REPLAY_IGNORES_STREAM = """
+import asyncio
+import random
+import time
+
+from psycopg.types.json import Jsonb
+
+from course.messaging import ConsumerKilled, dlq_entry, is_transient
+from course.retry import RetryPolicy, RetryState, retry_call
+
+
+async def replay_key(pool, redis, handle, *, stream, key, dlq):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT entry_id, dlq_id, fields FROM mq_blocked_keys WHERE stream = %s AND key = %s FOR UPDATE",
+            (stream, key),
+        )
+        block = await cur.fetchone()
+        if block is None:  # not blocked (or replayed already): nothing to do
+            return 0
+        dead_entry, dlq_id, dead_fields = block
+        cur = await conn.execute(
+            "SELECT entry_id, fields FROM mq_parked WHERE %s::text IS NOT NULL AND key = %s "
+            "ORDER BY split_part(entry_id, '-', 1)::bigint, split_part(entry_id, '-', 2)::bigint",
+            (stream, key),
+        )
+        applied = 0
+        for entry_id, fields in [(dead_entry, dead_fields), *await cur.fetchall()]:
+            cur = await conn.execute(
+                "INSERT INTO mq_processed (message_id, stream, entry_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING message_id",
+                (fields["id"], stream, entry_id),
+            )
+            if await cur.fetchone() is not None:
+                await handle(conn, fields)
+                applied += 1
+        await conn.execute("DELETE FROM mq_parked WHERE stream = %s AND key = %s", (stream, key))
+        await conn.execute("DELETE FROM mq_blocked_keys WHERE stream = %s AND key = %s", (stream, key))
+    await redis.xdel(dlq, dlq_id)  # after the commit
+    return applied
+"""
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "ordered_consumer": {
         "lanes-retry_call": LANES,
         "queues-own-backoff": QUEUES_OWN_BACKOFF,
         "lock-per-key": LOCK_PER_KEY,
         "handler-timeout": HANDLER_TIMEOUT,
+        "own-retry-loop-deques": OWN_RETRY_QUEUES,
+        "task-chain-per-key": TASK_CHAIN_PER_KEY,
+        "lock-per-key-rowcount-insert-select": LOCK_PER_KEY_ROWCOUNT,
     },
     "replay_key": {
         "one-transaction": ONE_TRANSACTION,
         "per-message": PER_MESSAGE_COMMITS,
+        "python-sort-dict-rows": REPLAY_PYTHON_SORT,
+        "savepoint-around-handle": REPLAY_SAVEPOINT,
     },
 }
 
@@ -728,6 +1394,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "no-takeover": (NO_TAKEOVER, "XAUTOCLAIM"),
         "new-before-claimed": (NEW_BEFORE_CLAIMED, "stream order"),
         "catches-kill": (CATCHES_KILL, "killed inside the handler of K-2, before its change): the consumer raised"),
+        "catches-base-exception": (CATCHES_BASE_EXCEPTION, "it caught the kill"),
     },
     "replay_key": {
         "parked-first": (REPLAY_PARKED_FIRST, "dead-lettered message first"),
@@ -739,6 +1406,10 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "counts-rows-read": (REPLAY_COUNTS_ROWS_READ, "Return how many messages it applied"),
         "leaves-parked": (REPLAY_LEAVES_PARKED, "mq_parked still holds"),
         "not-blocked-returns-none": (REPLAY_NOT_BLOCKED_RETURNS_NONE, "expected 0"),
+        "xdel-before-commit": (REPLAY_XDEL_BEFORE_COMMIT, "still committed"),
+        "parked-at-order": (REPLAY_PARKED_AT_ORDER, "not by parked_at"),
+        "no-order": (REPLAY_NO_ORDER, "not by parked_at"),
+        "ignores-stream": (REPLAY_IGNORES_STREAM, "by stream and key"),
     },
 }
 

@@ -766,11 +766,1324 @@ async def relay_batch(pool, redis, stream, *, limit=10):
 """
 
 
+# ----------------------------------------------------------------------------- found by audit B
+
+SAGA_FAILED_STEP_NOT_COMPENSATED = '''
+import asyncio
+from psycopg.types.json import Jsonb
+
+from course.chapters.ch06.shop import StepFailed, charge_payment, reserve_stock, schedule_shipment
+
+async def release_stock(pool, order: dict) -> None:
+    """Undo reserve_stock: reserved -> released, and only then the stock goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s AND status = 'reserved' "
+            "RETURNING sku, qty",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s", (row[1], row[0]))
+
+
+async def refund_payment(pool, order: dict) -> None:
+    """Undo charge_payment: charged -> refunded, and only then the money goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+            "RETURNING customer, amount_cents",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute(
+                "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s", (row[1], row[0])
+            )
+
+
+async def cancel_shipment(pool, order: dict) -> None:
+    """Undo schedule_shipment: scheduled -> cancelled."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE ch06_shipments SET status = 'cancelled' WHERE order_id = %s AND status = 'scheduled'",
+            (order["order_id"],),
+        )
+
+
+STEPS = [  # (name, step, compensation), in the order the saga runs them
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+async def finish_saga(pool, order: dict, log_rows: list, *, sleep) -> str:
+    """Drive a saga to its end from what its log says so far (log_rows: [(step, event), ...])."""
+    saga_id = order["order_id"]
+
+    async def log(step, event, data=None):
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                (saga_id, step, event, Jsonb(data) if data is not None else None),
+            )
+
+    started = [step for step, event in log_rows if event == "started"]
+    done = {step for step, event in log_rows if event == "done"}
+    undone = {step for step, event in log_rows if event == "compensated" and step != "saga"}
+    compensating = bool(undone) or any(event == "failed" for _, event in log_rows)
+
+    if not compensating:
+        for name, step, _ in STEPS:
+            if name in done:
+                continue
+            await log(name, "started")
+            started.append(name)
+            try:
+                await step(pool, order)
+            except StepFailed as err:
+                await log(name, "failed", {"error": str(err)})
+                started.remove(name)  # it failed: nothing to undo
+                break
+            await log(name, "done")
+        else:
+            await log("saga", "completed")
+            return "completed"
+
+    for name, _, compensation in reversed(STEPS):
+        if name not in started or name in undone:
+            continue
+        delay = 0.05
+        while True:
+            try:
+                await compensation(pool, order)
+                break
+            except Exception:  # a compensation cannot say no: it is retried until it succeeds
+                await sleep(delay)
+                delay = min(2 * delay, 2.0)
+        await log(name, "compensated")
+    await log("saga", "compensated")
+    return "compensated"
+
+
+async def run_order_saga(pool, order: dict, *, sleep=asyncio.sleep) -> str:
+    """Run a new order saga; 'completed' or 'compensated'."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, 'saga', 'begin', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+    return await finish_saga(pool, order, [], sleep=sleep)
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep) -> list[str]:
+    """Finish every saga the log shows unfinished; the ids finished."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id "
+            "HAVING bool_or(step = 'saga' AND event = 'begin') "
+            "AND NOT bool_or(step = 'saga' AND event IN ('completed', 'compensated')) ORDER BY min(id)"
+        )
+        unfinished = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in unfinished:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,))
+            rows = await cur.fetchall()
+        order = next(data for step, event, data in rows if step == "saga" and event == "begin")
+        await finish_saga(pool, order, [(step, event) for step, event, _ in rows], sleep=sleep)
+        finished.append(saga_id)
+    return finished
+    ### END SOLUTION
+'''
+
+SAGA_RECOVERY_RESTARTS_FROM_SCRATCH = '''
+import asyncio
+from psycopg.types.json import Jsonb
+
+from course.chapters.ch06.shop import StepFailed, charge_payment, reserve_stock, schedule_shipment
+
+async def release_stock(pool, order: dict) -> None:
+    """Undo reserve_stock: reserved -> released, and only then the stock goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s AND status = 'reserved' "
+            "RETURNING sku, qty",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s", (row[1], row[0]))
+
+
+async def refund_payment(pool, order: dict) -> None:
+    """Undo charge_payment: charged -> refunded, and only then the money goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+            "RETURNING customer, amount_cents",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute(
+                "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s", (row[1], row[0])
+            )
+
+
+async def cancel_shipment(pool, order: dict) -> None:
+    """Undo schedule_shipment: scheduled -> cancelled."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE ch06_shipments SET status = 'cancelled' WHERE order_id = %s AND status = 'scheduled'",
+            (order["order_id"],),
+        )
+
+
+STEPS = [  # (name, step, compensation), in the order the saga runs them
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+async def finish_saga(pool, order: dict, log_rows: list, *, sleep) -> str:
+    """Drive a saga to its end from what its log says so far (log_rows: [(step, event), ...])."""
+    saga_id = order["order_id"]
+
+    async def log(step, event, data=None):
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                (saga_id, step, event, Jsonb(data) if data is not None else None),
+            )
+
+    started = [step for step, event in log_rows if event == "started"]
+    done = {step for step, event in log_rows if event == "done"}
+    undone = {step for step, event in log_rows if event == "compensated" and step != "saga"}
+    compensating = bool(undone) or any(event == "failed" for _, event in log_rows)
+
+    if not compensating:
+        for name, step, _ in STEPS:
+            if name in done:
+                continue
+            await log(name, "started")
+            started.append(name)
+            try:
+                await step(pool, order)
+            except StepFailed as err:
+                await log(name, "failed", {"error": str(err)})
+                break
+            await log(name, "done")
+        else:
+            await log("saga", "completed")
+            return "completed"
+
+    for name, _, compensation in reversed(STEPS):
+        if name not in started or name in undone:
+            continue
+        delay = 0.05
+        while True:
+            try:
+                await compensation(pool, order)
+                break
+            except Exception:  # a compensation cannot say no: it is retried until it succeeds
+                await sleep(delay)
+                delay = min(2 * delay, 2.0)
+        await log(name, "compensated")
+    await log("saga", "compensated")
+    return "compensated"
+
+
+async def run_order_saga(pool, order: dict, *, sleep=asyncio.sleep) -> str:
+    """Run a new order saga; 'completed' or 'compensated'."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, 'saga', 'begin', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+    return await finish_saga(pool, order, [], sleep=sleep)
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep) -> list[str]:
+    """Finish every saga the log shows unfinished; the ids finished."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id "
+            "HAVING bool_or(step = 'saga' AND event = 'begin') "
+            "AND NOT bool_or(step = 'saga' AND event IN ('completed', 'compensated')) ORDER BY min(id)"
+        )
+        unfinished = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in unfinished:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,))
+            rows = await cur.fetchall()
+        order = next(data for step, event, data in rows if step == "saga" and event == "begin")
+        await finish_saga(pool, order, [], sleep=sleep)  # steps are idempotent: just run it again
+        finished.append(saga_id)
+    return finished
+    ### END SOLUTION
+'''
+
+SAGA_RECOVERY_IGNORES_FAILED = '''
+import asyncio
+from psycopg.types.json import Jsonb
+
+from course.chapters.ch06.shop import StepFailed, charge_payment, reserve_stock, schedule_shipment
+
+async def release_stock(pool, order: dict) -> None:
+    """Undo reserve_stock: reserved -> released, and only then the stock goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s AND status = 'reserved' "
+            "RETURNING sku, qty",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s", (row[1], row[0]))
+
+
+async def refund_payment(pool, order: dict) -> None:
+    """Undo charge_payment: charged -> refunded, and only then the money goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+            "RETURNING customer, amount_cents",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute(
+                "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s", (row[1], row[0])
+            )
+
+
+async def cancel_shipment(pool, order: dict) -> None:
+    """Undo schedule_shipment: scheduled -> cancelled."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE ch06_shipments SET status = 'cancelled' WHERE order_id = %s AND status = 'scheduled'",
+            (order["order_id"],),
+        )
+
+
+STEPS = [  # (name, step, compensation), in the order the saga runs them
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+async def finish_saga(pool, order: dict, log_rows: list, *, sleep) -> str:
+    """Drive a saga to its end from what its log says so far (log_rows: [(step, event), ...])."""
+    saga_id = order["order_id"]
+
+    async def log(step, event, data=None):
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                (saga_id, step, event, Jsonb(data) if data is not None else None),
+            )
+
+    started = [step for step, event in log_rows if event == "started"]
+    done = {step for step, event in log_rows if event == "done"}
+    undone = {step for step, event in log_rows if event == "compensated" and step != "saga"}
+    compensating = bool(undone)
+
+    if not compensating:
+        for name, step, _ in STEPS:
+            if name in done:
+                continue
+            await log(name, "started")
+            started.append(name)
+            try:
+                await step(pool, order)
+            except StepFailed as err:
+                await log(name, "failed", {"error": str(err)})
+                break
+            await log(name, "done")
+        else:
+            await log("saga", "completed")
+            return "completed"
+
+    for name, _, compensation in reversed(STEPS):
+        if name not in started or name in undone:
+            continue
+        delay = 0.05
+        while True:
+            try:
+                await compensation(pool, order)
+                break
+            except Exception:  # a compensation cannot say no: it is retried until it succeeds
+                await sleep(delay)
+                delay = min(2 * delay, 2.0)
+        await log(name, "compensated")
+    await log("saga", "compensated")
+    return "compensated"
+
+
+async def run_order_saga(pool, order: dict, *, sleep=asyncio.sleep) -> str:
+    """Run a new order saga; 'completed' or 'compensated'."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, 'saga', 'begin', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+    return await finish_saga(pool, order, [], sleep=sleep)
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep) -> list[str]:
+    """Finish every saga the log shows unfinished; the ids finished."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id "
+            "HAVING bool_or(step = 'saga' AND event = 'begin') "
+            "AND NOT bool_or(step = 'saga' AND event IN ('completed', 'compensated')) ORDER BY min(id)"
+        )
+        unfinished = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in unfinished:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,))
+            rows = await cur.fetchall()
+        order = next(data for step, event, data in rows if step == "saga" and event == "begin")
+        await finish_saga(pool, order, [(step, event) for step, event, _ in rows], sleep=sleep)
+        finished.append(saga_id)
+    return finished
+    ### END SOLUTION
+'''
+
+SAGA_RELEASE_WRITES_BACK_WHAT_IT_READ = '''
+import asyncio
+from psycopg.types.json import Jsonb
+
+from course.chapters.ch06.shop import StepFailed, charge_payment, reserve_stock, schedule_shipment
+
+async def release_stock(pool, order: dict) -> None:
+    """Undo reserve_stock: reserved -> released, and only then the stock goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s AND status = 'reserved' "
+            "RETURNING sku, qty",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            cur = await conn.execute("SELECT available FROM ch06_stock WHERE sku = %s", (row[0],))
+            (available,) = await cur.fetchone()
+            await conn.execute("UPDATE ch06_stock SET available = %s WHERE sku = %s", (available + row[1], row[0]))
+
+
+async def refund_payment(pool, order: dict) -> None:
+    """Undo charge_payment: charged -> refunded, and only then the money goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+            "RETURNING customer, amount_cents",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute(
+                "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s", (row[1], row[0])
+            )
+
+
+async def cancel_shipment(pool, order: dict) -> None:
+    """Undo schedule_shipment: scheduled -> cancelled."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE ch06_shipments SET status = 'cancelled' WHERE order_id = %s AND status = 'scheduled'",
+            (order["order_id"],),
+        )
+
+
+STEPS = [  # (name, step, compensation), in the order the saga runs them
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+async def finish_saga(pool, order: dict, log_rows: list, *, sleep) -> str:
+    """Drive a saga to its end from what its log says so far (log_rows: [(step, event), ...])."""
+    saga_id = order["order_id"]
+
+    async def log(step, event, data=None):
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                (saga_id, step, event, Jsonb(data) if data is not None else None),
+            )
+
+    started = [step for step, event in log_rows if event == "started"]
+    done = {step for step, event in log_rows if event == "done"}
+    undone = {step for step, event in log_rows if event == "compensated" and step != "saga"}
+    compensating = bool(undone) or any(event == "failed" for _, event in log_rows)
+
+    if not compensating:
+        for name, step, _ in STEPS:
+            if name in done:
+                continue
+            await log(name, "started")
+            started.append(name)
+            try:
+                await step(pool, order)
+            except StepFailed as err:
+                await log(name, "failed", {"error": str(err)})
+                break
+            await log(name, "done")
+        else:
+            await log("saga", "completed")
+            return "completed"
+
+    for name, _, compensation in reversed(STEPS):
+        if name not in started or name in undone:
+            continue
+        delay = 0.05
+        while True:
+            try:
+                await compensation(pool, order)
+                break
+            except Exception:  # a compensation cannot say no: it is retried until it succeeds
+                await sleep(delay)
+                delay = min(2 * delay, 2.0)
+        await log(name, "compensated")
+    await log("saga", "compensated")
+    return "compensated"
+
+
+async def run_order_saga(pool, order: dict, *, sleep=asyncio.sleep) -> str:
+    """Run a new order saga; 'completed' or 'compensated'."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, 'saga', 'begin', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+    return await finish_saga(pool, order, [], sleep=sleep)
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep) -> list[str]:
+    """Finish every saga the log shows unfinished; the ids finished."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id "
+            "HAVING bool_or(step = 'saga' AND event = 'begin') "
+            "AND NOT bool_or(step = 'saga' AND event IN ('completed', 'compensated')) ORDER BY min(id)"
+        )
+        unfinished = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in unfinished:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,))
+            rows = await cur.fetchall()
+        order = next(data for step, event, data in rows if step == "saga" and event == "begin")
+        await finish_saga(pool, order, [(step, event) for step, event, _ in rows], sleep=sleep)
+        finished.append(saga_id)
+    return finished
+    ### END SOLUTION
+'''
+
+SAGA_COMPENSATES_ANY_STEP_ERROR = '''
+import asyncio
+from psycopg.types.json import Jsonb
+
+from course.chapters.ch06.shop import StepFailed, charge_payment, reserve_stock, schedule_shipment
+
+async def release_stock(pool, order: dict) -> None:
+    """Undo reserve_stock: reserved -> released, and only then the stock goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s AND status = 'reserved' "
+            "RETURNING sku, qty",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s", (row[1], row[0]))
+
+
+async def refund_payment(pool, order: dict) -> None:
+    """Undo charge_payment: charged -> refunded, and only then the money goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+            "RETURNING customer, amount_cents",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute(
+                "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s", (row[1], row[0])
+            )
+
+
+async def cancel_shipment(pool, order: dict) -> None:
+    """Undo schedule_shipment: scheduled -> cancelled."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE ch06_shipments SET status = 'cancelled' WHERE order_id = %s AND status = 'scheduled'",
+            (order["order_id"],),
+        )
+
+
+STEPS = [  # (name, step, compensation), in the order the saga runs them
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+async def finish_saga(pool, order: dict, log_rows: list, *, sleep) -> str:
+    """Drive a saga to its end from what its log says so far (log_rows: [(step, event), ...])."""
+    saga_id = order["order_id"]
+
+    async def log(step, event, data=None):
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                (saga_id, step, event, Jsonb(data) if data is not None else None),
+            )
+
+    started = [step for step, event in log_rows if event == "started"]
+    done = {step for step, event in log_rows if event == "done"}
+    undone = {step for step, event in log_rows if event == "compensated" and step != "saga"}
+    compensating = bool(undone) or any(event == "failed" for _, event in log_rows)
+
+    if not compensating:
+        for name, step, _ in STEPS:
+            if name in done:
+                continue
+            await log(name, "started")
+            started.append(name)
+            try:
+                await step(pool, order)
+            except Exception as err:  # any failure: compensate
+                await log(name, "failed", {"error": str(err)})
+                break
+            await log(name, "done")
+        else:
+            await log("saga", "completed")
+            return "completed"
+
+    for name, _, compensation in reversed(STEPS):
+        if name not in started or name in undone:
+            continue
+        delay = 0.05
+        while True:
+            try:
+                await compensation(pool, order)
+                break
+            except Exception:  # a compensation cannot say no: it is retried until it succeeds
+                await sleep(delay)
+                delay = min(2 * delay, 2.0)
+        await log(name, "compensated")
+    await log("saga", "compensated")
+    return "compensated"
+
+
+async def run_order_saga(pool, order: dict, *, sleep=asyncio.sleep) -> str:
+    """Run a new order saga; 'completed' or 'compensated'."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, 'saga', 'begin', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+    return await finish_saga(pool, order, [], sleep=sleep)
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep) -> list[str]:
+    """Finish every saga the log shows unfinished; the ids finished."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id "
+            "HAVING bool_or(step = 'saga' AND event = 'begin') "
+            "AND NOT bool_or(step = 'saga' AND event IN ('completed', 'compensated')) ORDER BY min(id)"
+        )
+        unfinished = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in unfinished:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,))
+            rows = await cur.fetchall()
+        order = next(data for step, event, data in rows if step == "saga" and event == "begin")
+        await finish_saga(pool, order, [(step, event) for step, event, _ in rows], sleep=sleep)
+        finished.append(saga_id)
+    return finished
+    ### END SOLUTION
+'''
+
+SAGA_CTE_COMPENSATION = '''
+import asyncio
+from psycopg.types.json import Jsonb
+
+from course.chapters.ch06.shop import StepFailed, charge_payment, reserve_stock, schedule_shipment
+
+async def release_stock(pool, order: dict) -> None:
+    """Undo reserve_stock: reserved -> released, and only then the stock goes back."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "WITH moved AS (UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s AND status = 'reserved' "
+            "RETURNING sku, qty) UPDATE ch06_stock s SET available = s.available + m.qty FROM moved m WHERE s.sku = m.sku",
+            (order["order_id"],),
+        )
+
+
+async def refund_payment(pool, order: dict) -> None:
+    """Undo charge_payment: charged -> refunded, and only then the money goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+            "RETURNING customer, amount_cents",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute(
+                "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s", (row[1], row[0])
+            )
+
+
+async def cancel_shipment(pool, order: dict) -> None:
+    """Undo schedule_shipment: scheduled -> cancelled."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE ch06_shipments SET status = 'cancelled' WHERE order_id = %s AND status = 'scheduled'",
+            (order["order_id"],),
+        )
+
+
+STEPS = [  # (name, step, compensation), in the order the saga runs them
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+async def finish_saga(pool, order: dict, log_rows: list, *, sleep) -> str:
+    """Drive a saga to its end from what its log says so far (log_rows: [(step, event), ...])."""
+    saga_id = order["order_id"]
+
+    async def log(step, event, data=None):
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                (saga_id, step, event, Jsonb(data) if data is not None else None),
+            )
+
+    started = [step for step, event in log_rows if event == "started"]
+    done = {step for step, event in log_rows if event == "done"}
+    undone = {step for step, event in log_rows if event == "compensated" and step != "saga"}
+    compensating = bool(undone) or any(event == "failed" for _, event in log_rows)
+
+    if not compensating:
+        for name, step, _ in STEPS:
+            if name in done:
+                continue
+            await log(name, "started")
+            started.append(name)
+            try:
+                await step(pool, order)
+            except StepFailed as err:
+                await log(name, "failed", {"error": str(err)})
+                break
+            await log(name, "done")
+        else:
+            await log("saga", "completed")
+            return "completed"
+
+    for name, _, compensation in reversed(STEPS):
+        if name not in started or name in undone:
+            continue
+        delay = 0.05
+        while True:
+            try:
+                await compensation(pool, order)
+                break
+            except Exception:  # a compensation cannot say no: it is retried until it succeeds
+                await sleep(delay)
+                delay = min(2 * delay, 2.0)
+        await log(name, "compensated")
+    await log("saga", "compensated")
+    return "compensated"
+
+
+async def run_order_saga(pool, order: dict, *, sleep=asyncio.sleep) -> str:
+    """Run a new order saga; 'completed' or 'compensated'."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, 'saga', 'begin', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+    return await finish_saga(pool, order, [], sleep=sleep)
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep) -> list[str]:
+    """Finish every saga the log shows unfinished; the ids finished."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id "
+            "HAVING bool_or(step = 'saga' AND event = 'begin') "
+            "AND NOT bool_or(step = 'saga' AND event IN ('completed', 'compensated')) ORDER BY min(id)"
+        )
+        unfinished = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in unfinished:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,))
+            rows = await cur.fetchall()
+        order = next(data for step, event, data in rows if step == "saga" and event == "begin")
+        await finish_saga(pool, order, [(step, event) for step, event, _ in rows], sleep=sleep)
+        finished.append(saga_id)
+    return finished
+    ### END SOLUTION
+'''
+
+SAGA_FOR_UPDATE_COMPENSATION = '''
+import asyncio
+from psycopg.types.json import Jsonb
+
+from course.chapters.ch06.shop import StepFailed, charge_payment, reserve_stock, schedule_shipment
+
+async def release_stock(pool, order: dict) -> None:
+    """Undo reserve_stock: reserved -> released, and only then the stock goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT sku, qty, status FROM ch06_reservations WHERE order_id = %s FOR UPDATE", (order["order_id"],)
+        )
+        row = await cur.fetchone()
+        if row is None or row[2] != "reserved":
+            return
+        await conn.execute("UPDATE ch06_reservations SET status = 'released' WHERE order_id = %s", (order["order_id"],))
+        await conn.execute("UPDATE ch06_stock SET available = available + %s WHERE sku = %s", (row[1], row[0]))
+
+
+async def refund_payment(pool, order: dict) -> None:
+    """Undo charge_payment: charged -> refunded, and only then the money goes back."""
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+            "RETURNING customer, amount_cents",
+            (order["order_id"],),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            await conn.execute(
+                "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s", (row[1], row[0])
+            )
+
+
+async def cancel_shipment(pool, order: dict) -> None:
+    """Undo schedule_shipment: scheduled -> cancelled."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "UPDATE ch06_shipments SET status = 'cancelled' WHERE order_id = %s AND status = 'scheduled'",
+            (order["order_id"],),
+        )
+
+
+STEPS = [  # (name, step, compensation), in the order the saga runs them
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+async def finish_saga(pool, order: dict, log_rows: list, *, sleep) -> str:
+    """Drive a saga to its end from what its log says so far (log_rows: [(step, event), ...])."""
+    saga_id = order["order_id"]
+
+    async def log(step, event, data=None):
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                (saga_id, step, event, Jsonb(data) if data is not None else None),
+            )
+
+    started = [step for step, event in log_rows if event == "started"]
+    done = {step for step, event in log_rows if event == "done"}
+    undone = {step for step, event in log_rows if event == "compensated" and step != "saga"}
+    compensating = bool(undone) or any(event == "failed" for _, event in log_rows)
+
+    if not compensating:
+        for name, step, _ in STEPS:
+            if name in done:
+                continue
+            await log(name, "started")
+            started.append(name)
+            try:
+                await step(pool, order)
+            except StepFailed as err:
+                await log(name, "failed", {"error": str(err)})
+                break
+            await log(name, "done")
+        else:
+            await log("saga", "completed")
+            return "completed"
+
+    for name, _, compensation in reversed(STEPS):
+        if name not in started or name in undone:
+            continue
+        delay = 0.05
+        while True:
+            try:
+                await compensation(pool, order)
+                break
+            except Exception:  # a compensation cannot say no: it is retried until it succeeds
+                await sleep(delay)
+                delay = min(2 * delay, 2.0)
+        await log(name, "compensated")
+    await log("saga", "compensated")
+    return "compensated"
+
+
+async def run_order_saga(pool, order: dict, *, sleep=asyncio.sleep) -> str:
+    """Run a new order saga; 'completed' or 'compensated'."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, 'saga', 'begin', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+    return await finish_saga(pool, order, [], sleep=sleep)
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep) -> list[str]:
+    """Finish every saga the log shows unfinished; the ids finished."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT saga_id FROM saga_log GROUP BY saga_id "
+            "HAVING bool_or(step = 'saga' AND event = 'begin') "
+            "AND NOT bool_or(step = 'saga' AND event IN ('completed', 'compensated')) ORDER BY min(id)"
+        )
+        unfinished = [row[0] for row in await cur.fetchall()]
+    finished = []
+    for saga_id in unfinished:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT step, event, data FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,))
+            rows = await cur.fetchall()
+        order = next(data for step, event, data in rows if step == "saga" and event == "begin")
+        await finish_saga(pool, order, [(step, event) for step, event, _ in rows], sleep=sleep)
+        finished.append(saga_id)
+    return finished
+    ### END SOLUTION
+'''
+
+SAGA_FROM_SCRATCH_CLASS = '''
+import asyncio
+from psycopg.types.json import Jsonb
+from course.chapters.ch06.shop import StepFailed, charge_payment, reserve_stock, schedule_shipment
+
+
+async def _tx(pool, *statements):
+    """Run statements in one transaction; return the rows of the first RETURNING."""
+    async with pool.connection() as conn, conn.transaction():
+        out = []
+        for sql, args in statements:
+            cur = await conn.execute(sql, args)
+            out.append(await cur.fetchall() if cur.description else None)
+        return out
+
+
+async def release_stock(pool, order: dict) -> None:
+    async with pool.connection() as conn:
+        async with conn.transaction():
+            moved = await (await conn.execute(
+                "UPDATE ch06_reservations r SET status = 'released' WHERE r.order_id = %(o)s AND r.status = 'reserved' "
+                "RETURNING r.sku, r.qty", {"o": order["order_id"]})).fetchall()
+            for sku, qty in moved:
+                await conn.execute("UPDATE ch06_stock SET available = available + %(q)s WHERE sku = %(s)s", {"q": qty, "s": sku})
+
+
+async def refund_payment(pool, order: dict) -> None:
+    async with pool.connection() as conn:
+        async with conn.transaction():
+            moved = await (await conn.execute(
+                "UPDATE ch06_payments SET status = 'refunded' WHERE order_id = %s AND status = 'charged' "
+                "RETURNING customer, amount_cents", [order["order_id"]])).fetchall()
+            for customer, cents in moved:
+                await conn.execute(
+                    "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s", [cents, customer])
+
+
+async def cancel_shipment(pool, order: dict) -> None:
+    await _tx(pool, ("UPDATE ch06_shipments SET status = 'cancelled' WHERE order_id = %s AND status = 'scheduled'",
+                     [order["order_id"]]))
+
+
+STEPS = [
+    ("reserve_stock", reserve_stock, release_stock),
+    ("charge_payment", charge_payment, refund_payment),
+    ("schedule_shipment", schedule_shipment, cancel_shipment),
+]
+
+
+class Saga:
+    def __init__(self, pool, order, sleep):
+        self.pool, self.order, self.sleep = pool, order, sleep
+        self.id = order["order_id"]
+
+    async def log(self, step, event, data=None):
+        async with self.pool.connection() as conn:
+            await conn.execute("INSERT INTO saga_log (saga_id, step, event, data) VALUES (%s, %s, %s, %s)",
+                               (self.id, step, event, None if data is None else Jsonb(data)))
+
+    async def undo(self, started, undone):
+        for name, _, comp in STEPS[::-1]:
+            if name in started and name not in undone:
+                attempt = 0
+                while True:
+                    try:
+                        await comp(self.pool, self.order)
+                        break
+                    except Exception:
+                        attempt += 1
+                        await self.sleep(min(0.01 * 2 ** attempt, 1.0))
+                await self.log(name, "compensated")
+        await self.log("saga", "compensated")
+        return "compensated"
+
+    async def forward(self, started, done):
+        for name, fn, _ in STEPS:
+            if name in done:
+                continue
+            await self.log(name, "started")
+            started.add(name)
+            try:
+                await fn(self.pool, self.order)
+            except StepFailed:
+                await self.log(name, "failed")
+                return await self.undo(started, set())
+            await self.log(name, "done")
+            done.add(name)
+        await self.log("saga", "completed")
+        return "completed"
+
+
+async def run_order_saga(pool, order: dict, *, sleep=asyncio.sleep) -> str:
+    saga = Saga(pool, order, sleep)
+    await saga.log("saga", "begin", order)
+    return await saga.forward(set(), set())
+
+
+async def recover_sagas(pool, *, sleep=asyncio.sleep) -> list[str]:
+    async with pool.connection() as conn:
+        begins = await (await conn.execute(
+            "SELECT b.saga_id, b.data FROM saga_log b WHERE b.step = 'saga' AND b.event = 'begin' "
+            "AND NOT EXISTS (SELECT 1 FROM saga_log f WHERE f.saga_id = b.saga_id AND f.step = 'saga' "
+            "AND f.event IN ('completed', 'compensated')) ORDER BY b.id")).fetchall()
+    finished = []
+    for saga_id, order in begins:
+        async with pool.connection() as conn:
+            events = await (await conn.execute(
+                "SELECT step, event FROM saga_log WHERE saga_id = %s AND step <> 'saga' ORDER BY id", (saga_id,))).fetchall()
+        started = {s for s, e in events if e == "started"}
+        done = {s for s, e in events if e == "done"}
+        undone = {s for s, e in events if e == "compensated"}
+        saga = Saga(pool, order, sleep)
+        if undone or any(e == "failed" for _, e in events):
+            await saga.undo(started, undone)
+        else:
+            await saga.forward(started, done)
+        finished.append(saga_id)
+    return finished
+'''
+
+RELAY_NO_ORDER_BY = '''
+import json
+
+from psycopg.types.json import Jsonb
+
+async def place_order(pool, redis, stream: str, order: dict) -> None:
+    """The order and its OrderPlaced event in one transaction (and no publish from here)."""
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+            (order["order_id"], order["customer"], order["amount_cents"]),
+        )
+        await conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', %s, 'OrderPlaced', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+
+
+async def relay_batch(pool, redis, stream: str, *, limit: int = 10) -> int:
+    """Publish up to `limit` unpublished events, at least once, each order's in id order; how many."""
+    async with pool.connection() as conn, conn.transaction():
+        # one relay at a time: a second one waits here, then finds the rows the first published
+        await conn.execute("SELECT pg_advisory_xact_lock(60602)")
+        cur = await conn.execute(
+            "SELECT id, aggregate_id, event_type, payload FROM outbox WHERE published_at IS NULL "
+            "LIMIT %s FOR UPDATE",
+            (limit,),
+        )
+        rows = await cur.fetchall()
+        for event_id, aggregate_id, event_type, payload in rows:
+            await redis.xadd(
+                stream,
+                {
+                    "event_id": str(event_id),
+                    "aggregate_id": aggregate_id,
+                    "event_type": event_type,
+                    "payload": json.dumps(payload),
+                },
+            )
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+    ### END SOLUTION
+'''
+
+RELAY_CURSOR_POLLER = '''
+import json
+
+from psycopg.types.json import Jsonb
+
+async def place_order(pool, redis, stream: str, order: dict) -> None:
+    """The order and its OrderPlaced event in one transaction (and no publish from here)."""
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+            (order["order_id"], order["customer"], order["amount_cents"]),
+        )
+        await conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', %s, 'OrderPlaced', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+
+
+_last_seen = [0]
+
+
+async def relay_batch(pool, redis, stream: str, *, limit: int = 10) -> int:
+    """Publish up to `limit` unpublished events, at least once, each order's in id order; how many."""
+    async with pool.connection() as conn, conn.transaction():
+        # one relay at a time: a second one waits here, then finds the rows the first published
+        await conn.execute("SELECT pg_advisory_xact_lock(60602)")
+        cur = await conn.execute(
+            "SELECT id, aggregate_id, event_type, payload FROM outbox WHERE published_at IS NULL AND id > %s "
+            "ORDER BY id LIMIT %s FOR UPDATE",
+            (_last_seen[0], limit),
+        )
+        rows = await cur.fetchall()
+        for event_id, aggregate_id, event_type, payload in rows:
+            await redis.xadd(
+                stream,
+                {
+                    "event_id": str(event_id),
+                    "aggregate_id": aggregate_id,
+                    "event_type": event_type,
+                    "payload": json.dumps(payload),
+                },
+            )
+        if rows:
+            _last_seen[0] = rows[-1][0]
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+    ### END SOLUTION
+'''
+
+RELAY_EVENT_TYPE_HARDCODED = '''
+import json
+
+from psycopg.types.json import Jsonb
+
+async def place_order(pool, redis, stream: str, order: dict) -> None:
+    """The order and its OrderPlaced event in one transaction (and no publish from here)."""
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+            (order["order_id"], order["customer"], order["amount_cents"]),
+        )
+        await conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', %s, 'OrderPlaced', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+
+
+async def relay_batch(pool, redis, stream: str, *, limit: int = 10) -> int:
+    """Publish up to `limit` unpublished events, at least once, each order's in id order; how many."""
+    async with pool.connection() as conn, conn.transaction():
+        # one relay at a time: a second one waits here, then finds the rows the first published
+        await conn.execute("SELECT pg_advisory_xact_lock(60602)")
+        cur = await conn.execute(
+            "SELECT id, aggregate_id, event_type, payload FROM outbox WHERE published_at IS NULL "
+            "ORDER BY id LIMIT %s FOR UPDATE",
+            (limit,),
+        )
+        rows = await cur.fetchall()
+        for event_id, aggregate_id, event_type, payload in rows:
+            await redis.xadd(
+                stream,
+                {
+                    "event_id": str(event_id),
+                    "aggregate_id": aggregate_id,
+                    "event_type": "OrderPlaced",
+                    "payload": json.dumps(payload),
+                },
+            )
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+    ### END SOLUTION
+'''
+
+RELAY_SESSION_ADVISORY_LOCK = '''
+import json
+
+from psycopg.types.json import Jsonb
+
+async def place_order(pool, redis, stream: str, order: dict) -> None:
+    """The order and its OrderPlaced event in one transaction (and no publish from here)."""
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+            (order["order_id"], order["customer"], order["amount_cents"]),
+        )
+        await conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', %s, 'OrderPlaced', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+
+
+async def relay_batch(pool, redis, stream: str, *, limit: int = 10) -> int:
+    """Publish up to `limit` unpublished events, at least once, each order's in id order; how many."""
+    async with pool.connection() as lockconn:
+      await lockconn.execute("SELECT pg_advisory_lock(4242)")
+      try:
+       async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT id, aggregate_id, event_type, payload FROM outbox WHERE published_at IS NULL "
+            "ORDER BY id LIMIT %s FOR UPDATE",
+            (limit,),
+        )
+        rows = await cur.fetchall()
+        for event_id, aggregate_id, event_type, payload in rows:
+            await redis.xadd(
+                stream,
+                {
+                    "event_id": str(event_id),
+                    "aggregate_id": aggregate_id,
+                    "event_type": event_type,
+                    "payload": json.dumps(payload),
+                },
+            )
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+      finally:
+        await lockconn.execute("SELECT pg_advisory_unlock(4242)")
+    return len(rows)
+    ### END SOLUTION
+'''
+
+RELAY_PIPELINE = '''
+import json
+
+from psycopg.types.json import Jsonb
+
+async def place_order(pool, redis, stream: str, order: dict) -> None:
+    """The order and its OrderPlaced event in one transaction (and no publish from here)."""
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%s, %s, %s)",
+            (order["order_id"], order["customer"], order["amount_cents"]),
+        )
+        await conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('order', %s, 'OrderPlaced', %s)",
+            (order["order_id"], Jsonb(order)),
+        )
+
+
+async def relay_batch(pool, redis, stream: str, *, limit: int = 10) -> int:
+    """Publish up to `limit` unpublished events, at least once, each order's in id order; how many."""
+    async with pool.connection() as conn, conn.transaction():
+        # one relay at a time: a second one waits here, then finds the rows the first published
+        await conn.execute("SELECT pg_advisory_xact_lock(60602)")
+        cur = await conn.execute(
+            "SELECT id, aggregate_id, event_type, payload FROM outbox WHERE published_at IS NULL "
+            "ORDER BY id LIMIT %s FOR UPDATE",
+            (limit,),
+        )
+        rows = await cur.fetchall()
+        pipe = redis.pipeline(transaction=False)
+        for event_id, aggregate_id, event_type, payload in rows:
+            pipe.xadd(
+                stream,
+                {
+                    "event_id": str(event_id),
+                    "aggregate_id": aggregate_id,
+                    "event_type": event_type,
+                    "payload": json.dumps(payload),
+                },
+            )
+        if rows:
+            await pipe.execute()
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+    ### END SOLUTION
+'''
+
+RELAY_CTE_PLACE_ORDER_TRY_LOCK = '''
+import json
+
+from psycopg.types.json import Jsonb
+
+async def place_order(pool, redis, stream: str, order: dict) -> None:
+    """The order and its OrderPlaced event in one transaction (and no publish from here)."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            "WITH o AS (INSERT INTO ch06_orders (order_id, customer, amount_cents) VALUES (%(id)s, %(c)s, %(a)s) "
+            "RETURNING order_id) INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "SELECT 'order', o.order_id, 'OrderPlaced', %(p)s FROM o",
+            {"id": order["order_id"], "c": order["customer"], "a": order["amount_cents"], "p": Jsonb(order)},
+        )
+
+
+async def relay_batch(pool, redis, stream: str, *, limit: int = 10) -> int:
+    """Publish up to `limit` unpublished events, at least once, each order's in id order; how many."""
+    async with pool.connection() as conn, conn.transaction():
+        # one relay at a time: a second one waits here, then finds the rows the first published
+        got = await (await conn.execute("SELECT pg_try_advisory_xact_lock(60602)")).fetchone()
+        if not got[0]:
+            return 0  # another relay is publishing: it will get these rows
+        cur = await conn.execute(
+            "SELECT id, aggregate_id, event_type, payload FROM outbox WHERE published_at IS NULL "
+            "ORDER BY id LIMIT %s FOR UPDATE",
+            (limit,),
+        )
+        rows = await cur.fetchall()
+        for event_id, aggregate_id, event_type, payload in rows:
+            await redis.xadd(
+                stream,
+                {
+                    "event_id": str(event_id),
+                    "aggregate_id": aggregate_id,
+                    "event_type": event_type,
+                    "payload": json.dumps(payload),
+                },
+            )
+        if rows:
+            await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY(%s)", ([r[0] for r in rows],))
+    return len(rows)
+    ### END SOLUTION
+'''
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "order_saga": {
         "forward": SAGA,
         "backward": BACKWARD,
         "done-only": DONE_ONLY,
+        "cte-compensation": SAGA_CTE_COMPENSATION,
+        "for-update-compensation": SAGA_FOR_UPDATE_COMPENSATION,
+        "from-scratch-class": SAGA_FROM_SCRATCH_CLASS,
     },
     "outbox_relay": {
         "leader-waits": LEADER_WAITS,
@@ -780,6 +2093,9 @@ CORRECT: dict[str, dict[str, str]] = {
         "per-aggregate-advisory-lock": PER_AGGREGATE_ADVISORY,
         "skip-locked-recheck-earlier": SKIP_LOCKED_RECHECK_EARLIER,
         "process-lock-plus-for-update": PROCESS_LOCK_PLUS_FOR_UPDATE,
+        "session-advisory-lock": RELAY_SESSION_ADVISORY_LOCK,
+        "pipeline-of-xadds": RELAY_PIPELINE,
+        "cte-place-order-try-lock": RELAY_CTE_PLACE_ORDER_TRY_LOCK,
     },
 }
 
@@ -806,6 +2122,11 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "no-log": (NO_LOG, "without the saga log"),
         "in-memory-log": (IN_MEMORY_LOG, "half-done"),
         "backward-skips-in-flight": (BACKWARD_SKIPS_IN_FLIGHT, "half-done"),
+        "failed-step-not-compensated": (SAGA_FAILED_STEP_NOT_COMPENSATED, "started but never compensated"),
+        "recovery-restarts-from-scratch": (SAGA_RECOVERY_RESTARTS_FROM_SCRATCH, "never runs forward again"),
+        "recovery-ignores-failed": (SAGA_RECOVERY_IGNORES_FAILED, "never runs forward again"),
+        "release-writes-back-what-it-read": (SAGA_RELEASE_WRITES_BACK_WHAT_IT_READ, "lost update"),
+        "compensates-any-step-error": (SAGA_COMPENSATES_ANY_STEP_ERROR, "Only StepFailed is a service saying no"),
     },
     "outbox_relay": {
         "dual-write": (DUAL_WRITE, "dual write"),
@@ -819,6 +2140,9 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "mark-first": (MARK_FIRST, "never reached the stream"),
         "swallows-publish-error": (SWALLOWS_PUBLISH_ERROR, "never reached the stream"),
         "fresh-event-id": (FRESH_EVENT_ID, "event_id"),
+        "no-order-by": (RELAY_NO_ORDER_BY, "without ORDER BY id"),
+        "cursor-poller": (RELAY_CURSOR_POLLER, "WHERE id > last_seen"),
+        "event-type-hardcoded": (RELAY_EVENT_TYPE_HARDCODED, "publish each row's own fields"),
     },
 }
 

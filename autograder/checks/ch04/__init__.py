@@ -42,6 +42,7 @@ class _Traffic:
     def __init__(self) -> None:
         self.in_flight = 0
         self.ttl_ms: dict[str, float] = {}  # key -> the TTL its last SET / EXPIRE asked for, in ms
+        self.ttl_writes: dict[str, int] = {}  # key -> how many commands asked for a TTL on it
 
     def saw(self, args: tuple) -> None:
         """Remember the TTL a command asks for: the TTL check reads this, not PTTL minus elapsed time."""
@@ -54,12 +55,16 @@ class _Traffic:
                 for flag, scale in (("EX", 1000.0), ("PX", 1.0)):
                     if flag in rest[3:]:
                         self.ttl_ms[str(args[1])] = float(args[3 + rest[3:].index(flag) + 1]) * scale
+                        self.ttl_writes[str(args[1])] = self.ttl_writes.get(str(args[1]), 0) + 1
                         return
                 if "KEEPTTL" not in rest[3:]:
                     self.ttl_ms.pop(str(args[1]), None)
             elif name in ("SETEX", "PSETEX", "EXPIRE", "PEXPIRE") and len(args) >= 3:
                 scale = 1000.0 if name in ("SETEX", "EXPIRE") else 1.0
                 self.ttl_ms[str(args[1])] = float(args[2]) * scale
+                self.ttl_writes[str(args[1])] = self.ttl_writes.get(str(args[1]), 0) + 1
+            elif name in ("GETEX", "EXPIREAT", "PEXPIREAT") and len(args) >= 3:
+                self.ttl_writes[str(args[1])] = self.ttl_writes.get(str(args[1]), 0) + 1
         except (ValueError, IndexError, TypeError):
             return
 
@@ -143,6 +148,7 @@ END $$;
 """
 
 _caller: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller", default=None)
+LATE = 10  # the caller of the cancellation check that arrives after the cancellations
 
 
 def _item(key: str) -> str:
@@ -169,6 +175,7 @@ class _Source:
         self.failing: set[str] = set()
         self.gates: dict[str, asyncio.Event] = {}  # a load of this key waits here after the callers park
         self.started: list[tuple[str, int | None]] = []  # (key, the caller whose context started the load)
+        self.cancelled: list[str] = []  # the keys of loads cancelled before they ended
 
     async def setup(self) -> None:
         async with self.pool.connection() as conn:
@@ -188,6 +195,9 @@ class _Source:
                 async with self.pool.connection() as conn:
                     row = await (await conn.execute("SELECT load_value(%s, %s)", (key, _item(key)))).fetchone()
                 return row[0]
+            except asyncio.CancelledError:
+                self.cancelled.append(key)
+                raise
             finally:
                 self.running -= 1
 
@@ -318,6 +328,14 @@ async def _check_get_cached(r: Report, get_cached, pool, redis, prefix: str) -> 
         f"{tally([x for x in got if not isinstance(x, Exception)], top=3)} (every caller waiting on the load must see "
         "its error)",
     )
+    failed_loads = sum(key == flaky for key, _ in src.started)
+    r.expect(
+        failed_loads == 1,
+        "the 20 callers of the failing key shared its one load",
+        f"a failing load: 20 callers of one key started {failed_loads} loads, expected 1: the waiters must get the "
+        "shared load's error, not run loader() again themselves (after a failure, a retry in every waiter is a "
+        "stampede on a database that is already failing)",
+    )
     leftover = await redis.get(flaky)
     r.expect(
         leftover is None,
@@ -414,7 +432,8 @@ async def _check_cancelled_caller(r: Report, get_cached, redis, src: _Source, sl
         return await get_cached(redis, slow, TTL, src.loader(slow))
 
     r.note("10 concurrent calls on a missing key; while the load runs, 2 callers are cancelled")
-    r.note("(their clients hung up or their deadlines passed), including the one whose call started the load")
+    r.note("(their clients hung up or their deadlines passed), including the one whose call started the load;")
+    r.note("then one more caller arrives while the load still runs")
     tasks = [asyncio.ensure_future(caller(i)) for i in range(10)]
     await _parked(redis.traffic)
     starters = [who for key, who in src.started if key == slow]
@@ -423,10 +442,14 @@ async def _check_cancelled_caller(r: Report, get_cached, redis, src: _Source, sl
     for i in cancelled:
         tasks[i].cancel()
     await _parked(redis.traffic)
+    # one more caller arrives after the cancellations, while the load still runs: it must join it
+    tasks.append(asyncio.ensure_future(caller(LATE)))
+    await _parked(redis.traffic)
     gate.set()
     got = await asyncio.gather(*tasks, return_exceptions=True)
     others = [x for i, x in enumerate(got) if i not in cancelled]
     loads = sum(key == slow for key, _ in src.started)
+    load_cancelled = slow in src.cancelled  # else every load ran to its end: a second one found no entry to join
     queries = await src.queries(slow)
     expected = _value(slow, max(1, queries))
     raw = await redis.get(slow)
@@ -435,16 +458,26 @@ async def _check_cancelled_caller(r: Report, get_cached, redis, src: _Source, sl
         cached = json.loads(raw) if raw is not None else None
     cancelled_too = sum(isinstance(x, asyncio.CancelledError) for x in others)
     if all(x == expected for x in others) and loads == 1 and cached == expected:
-        r.ok("the 8 other callers got the value of the one shared load, which ran to the end and filled the cache")
+        r.ok(
+            "the 8 other callers and the late one got the value of the one shared load, which ran to the end and "
+            "filled the cache"
+        )
         r.fraction = 1.0
     elif cancelled_too:
         r.fail(
-            f"cancelling 2 callers cancelled the shared load too: {cancelled_too} of the 8 others got CancelledError. "
-            "A waiter that awaits the shared task directly cancels it when the waiter is cancelled: "
-            "await asyncio.shield(task) instead (-2 points)",
+            f"cancelling 2 callers cancelled the shared load too: {cancelled_too} of the 9 others got CancelledError. "
+            "A cancelled caller must leave the shared load running: a waiter that awaits the task directly cancels "
+            "it along with itself (await asyncio.shield(task) instead), and no caller may cancel it itself (-2 points)",
             stop=False,
         )
-    elif loads > 1:
+    elif loads > 1 and not load_cancelled:
+        r.fail(
+            f"a caller that arrived after 2 callers were cancelled, while the shared load still ran, started a second "
+            f"load ({loads} loads for one key): the in-flight entry was gone before the load ended. Remove it when "
+            "the load ends (in the load's own finally), not when a caller stops waiting (-2 points)",
+            stop=False,
+        )
+    elif loads > 1 and not any(x is None for x in others):
         r.fail(
             f"the load was cancelled with the caller that ran it and started again: {loads} loads for one key. Run the "
             "load as a task of its own and have every caller await it through asyncio.shield, so a cancelled caller "
@@ -453,8 +486,8 @@ async def _check_cancelled_caller(r: Report, get_cached, redis, src: _Source, sl
         )
     else:
         r.fail(
-            f"after 2 callers were cancelled, the 8 others got {tally(others, top=3)} and Redis holds {raw!r}; "
-            f"expected 8 x {expected} and the value cached: the shared load must run to the end (-2 points)",
+            f"after 2 callers were cancelled, the 8 others and the late one got {tally(others, top=3)} and Redis holds {raw!r}; "
+            f"expected 9 x {expected} and the value cached: the shared load must run to the end (-2 points)",
             stop=False,
         )
 
@@ -462,6 +495,8 @@ async def _check_cancelled_caller(r: Report, get_cached, redis, src: _Source, sl
 # ----------------------------------------------------------------------------- get_user_cached
 
 MISS_TTL_LIMIT = 60.0
+MISS_TTL_FLOOR = 1.0  # seconds: a miss cached for milliseconds stops no repeated lookup
+USER_TTL_FLOOR = 10.0  # seconds: "about USER_TTL seconds", not milliseconds
 
 
 @task(
@@ -506,6 +541,14 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
     if r.public:
         return
 
+    # the TTL the user's SET asked for, before any lookup a TTL of milliseconds would turn back into a query
+    short = [t for t in (redis.traffic.ttl_ms.get(k) for k in user_keys) if t is not None and t < USER_TTL_FLOOR * 1000]
+    r.expect(
+        not short,
+        f"the user is cached for at least {USER_TTL_FLOOR:g} s",
+        f"the user is cached for {min(short or [0]) / 1000:g} s: cache users for about USER_TTL seconds, at least "
+        f"{USER_TTL_FLOOR:g} s (px= takes milliseconds: px=USER_TTL caches for USER_TTL ms)",
+    )
     q1 = await user_queries(pool)
     got = [await get_user_cached(redis, pool, 7) for _ in range(20)]
     q2 = await user_queries(pool)
@@ -516,6 +559,16 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
         "(cache existing users)",
     )
     r.expect(bool(user_keys), "looking up user 7 wrote a key to Redis", "looking up user 7 wrote nothing to Redis")
+    as_json = []
+    for k in sorted(user_keys):
+        with contextlib.suppress(Exception):  # a hash or a list under the key: WRONGTYPE
+            as_json.append(json.loads(await redis.get(k)))
+    r.expect(
+        _user(7) in as_json,
+        "Redis holds user 7 as JSON",
+        f"none of the keys looking up user 7 wrote ({', '.join(sorted(user_keys)) or 'none'}) holds the user as a "
+        "JSON string: cache users in Redis as JSON (SET key json.dumps(user)), not as a hash or another encoding",
+    )
     # the TTLs the SETs asked for: PTTL shrinks with real time, and the lines must read the same every run
     user_ttls = [redis.traffic.ttl_ms.get(k) or await redis.pttl(k) for k in user_keys]
     r.expect(
@@ -531,7 +584,17 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
     first = await get_user_cached(redis, pool, absent)
     q_first = await user_queries(pool) - q_start
     miss_keys = set(await redis.keys("*")) - before
+    early = [redis.traffic.ttl_ms.get(k) for k in miss_keys]
+    short = [t for t in early if t is not None and 0 < t < MISS_TTL_FLOOR * 1000]
+    r.expect(
+        not short,
+        f"the miss is cached for at least {MISS_TTL_FLOOR:g} s",
+        f"the miss is cached for {min(short or [0]) / 1000:g} s: keep it between {MISS_TTL_FLOOR:g} and "
+        f"{MISS_TTL_LIMIT:g} s (px= takes milliseconds: px=MISS_TTL caches for MISS_TTL ms)",
+    )
+    ttl_writes = {k: redis.traffic.ttl_writes.get(k, 0) for k in miss_keys}
     rest = [await get_user_cached(redis, pool, absent) for _ in range(99)]
+    pushed = {k: redis.traffic.ttl_writes.get(k, 0) - n for k, n in ttl_writes.items()}
     total = await user_queries(pool) - q_start
     answers = [first, *rest]
     r.expect(
@@ -564,6 +627,13 @@ async def _check_get_user_cached(r: Report, get_user_cached, pool, redis) -> Non
         worst <= MISS_TTL_LIMIT * 1000,
         f"the miss's TTL is short ({worst / 1000:.0f} s <= {MISS_TTL_LIMIT:g} s)",
         f"the miss is cached for {worst / 1000:.0f} s; keep misses short (at most {MISS_TTL_LIMIT:g} s)",
+    )
+    r.expect(
+        not any(pushed.values()),
+        "the 99 lookups that hit the cached miss left its TTL alone",
+        f"the 99 lookups that hit the cached miss set its TTL again {sum(pushed.values())} times (a sliding expiry): "
+        "a missing id that keeps being asked for stays cached as missing for as long as it is asked for, and a user "
+        "created meanwhile never shows up; set the miss's TTL once, when the miss is cached",
     )
     r.expect(
         worst < min(user_ttls),

@@ -50,7 +50,17 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "Run the load as a task of its own and have every caller await it through asyncio.shield(task)",
             "_check_cancelled_caller: a load run by the first caller itself dies with it, and a second load starts",
+            wrong="a load run by its caller, handed over on cancel",
+        ),
+        Rule(
+            "every waiting caller gets the error of that one load (none of them calls loader() again for it)",
+            "_check_get_cached: a failing loader under 20 waiters must be called once (loads counted as they start)",
             wrong="a lock per key",
+        ),
+        Rule(
+            "then one more caller arrives while it still runs",
+            "_check_cancelled_caller: an 11th caller after the cancellations, before the held load ends, must join it",
+            wrong="in-flight entry removed by each caller",
         ),
         Rule(
             "50 concurrent calls on a missing key make exactly one database query",
@@ -78,8 +88,8 @@ RULES: dict[str, list[Rule]] = {
             wrong="no TTL jitter",
         ),
         Rule(
-            "the 8 others must get the value of that one load, and it must be cached",
-            "_check_cancelled_caller: the values the 8 callers got and the key in Redis",
+            "the 8 others and the late caller must get the value of that one load, and it must be cached",
+            "_check_cancelled_caller: the values the 9 callers got and the key in Redis",
             wrong="an event per key",
         ),
         Rule(
@@ -100,12 +110,33 @@ RULES: dict[str, list[Rule]] = {
             wrong="a user without a TTL",
         ),
         Rule(
+            "cache users in Redis as JSON",
+            "_check_get_user_cached: one of the keys the first lookup of user 7 wrote must GET as the user's JSON",
+            wrong="a user as a hash",
+        ),
+        Rule(
+            "a lookup that hits a cached miss must not set its TTL again",
+            "_check_get_user_cached: counts the commands that set a TTL on the miss's keys during 99 hits",
+            wrong="a sliding expiry on misses",
+        ),
+        Rule(
             "so 100 lookups of a missing id make one database query",
             "_check_get_user_cached: PostgreSQL counts the queries on the users view",
             wrong="no negative caching",
         ),
         Rule(
-            "for a short MISS_TTL (at most 60 s)",
+            "at least 10 s",
+            "_check_get_user_cached: the TTL the user's SET asked for must be at least 10 s",
+            wrong="a TTL in milliseconds",
+        ),
+        Rule(
+            "at least 1 s, at most 60 s",
+            "_check_get_user_cached: the TTL the miss's SET asked for must be at least 1 s, checked before any lookup "
+            "that a millisecond TTL would turn back into a query",
+            wrong="a TTL in milliseconds",
+        ),
+        Rule(
+            "for a short MISS_TTL (at least 1 s, at most 60 s)",
             "_check_get_user_cached: the miss's requested TTL must be at most 60 s and below the user's",
             wrong="a miss as long as a user",
         ),

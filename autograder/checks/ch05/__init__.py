@@ -122,6 +122,18 @@ RULES: dict[str, list[Rule]] = {
             "catches-kill",
         ),
         Rule(
+            "never catch it (nor `BaseException`)",
+            "expect_clean_run: the task a kill was raised in must send no Redis command after it (the dead "
+            "replica's client records who asks)",
+            "catches-base-exception",
+        ),
+        Rule(
+            "lookup of step 2 runs inside it is not graded",
+            "_crash: not graded: one consumer parks a key's entries after its own block, so nothing the checks "
+            "read differs; the text says so",
+            not_graded=True,
+        ),
+        Rule(
             "of the (existing) group `group`, then returns",
             "expect_clean_run: the consumer must return, with every entry (the killed replica's pending ones "
             "included) applied and acknowledged",
@@ -206,6 +218,18 @@ RULES: dict[str, list[Rule]] = {
             "delete the dead letter from `dlq`",
             "_expect_replayed: the dead-letter stream must no longer hold P-1",
             "keeps-dead-letter",
+        ),
+        Rule(
+            "After that is committed, delete the dead letter",
+            "_replay_basic: at each XDEL the replay's Redis client asks another connection whether P's block row is "
+            "still committed",
+            "xdel-before-commit",
+        ),
+        Rule(
+            "every `mq_parked` row of `(stream, key)` **in stream order**",
+            "_blocked_world: the parked rows are written back out of stream order (parked_at follows that order), "
+            "and key P is parked in another stream too",
+            "parked-at-order",
         ),
         Rule(
             "let the error through and leave the key as it was",

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from autograder.checks.ch05.consumer import (
     _setup_world,
@@ -46,6 +47,7 @@ class ReplayHandler:
         self.unblocked_early: list[str] = []
         self.misuse: list[str] = []
         self.dead = False
+        self.xdel_early = False  # an XDEL came while the key's block row was still committed
 
     async def __call__(self, conn, fields) -> None:
         if self.dead:
@@ -92,15 +94,81 @@ async def _blocked_world(ns, watcher, admin, name: str) -> World:
         sleep=Sleeps(Clock()),
         clock=Clock(),
     )
+    await _unsorted_parked(watcher, world)
     return world
+
+
+def _entry_order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
+
+
+async def _unsorted_parked(watcher, world: World) -> None:
+    """Write the parked rows back in an order other than the stream's, their ``parked_at`` following
+    that order (rows are read in no order unless the query orders them: nothing but the entry id says
+    which came first), and park a message of key P in another stream that shares the tables."""
+    async with watcher.transaction():
+        cur = await watcher.execute(
+            "DELETE FROM mq_parked WHERE stream = %s RETURNING entry_id, key, fields, parked_at", (world.stream,)
+        )
+        rows = sorted(await cur.fetchall(), key=lambda row: _entry_order(row[0]))
+        if not rows:
+            return
+        start = min(row[3] for row in rows)
+        for i, (entry_id, key, fields, _) in enumerate(rows[::2][::-1] + rows[1::2]):
+            await watcher.execute(
+                "INSERT INTO mq_parked (stream, entry_id, key, fields, parked_at) "
+                "VALUES (%s, %s, %s, %s, %s + %s * interval '1 millisecond')",
+                (world.stream, entry_id, key, Jsonb(fields), start, i),
+            )
+        decoy = next((dict(f) for e, k, f, _ in rows if k == "P"), None)
+        if decoy is not None:
+            decoy["id"] = OTHER_STREAM_MESSAGE
+            await watcher.execute(
+                "INSERT INTO mq_parked (stream, entry_id, key, fields) VALUES (%s, '1-1', 'P', %s) "
+                "ON CONFLICT DO NOTHING",
+                (world.stream + OTHER_STREAM, Jsonb(decoy)),
+            )
+
+
+OTHER_STREAM = ":other"  # the stream, elsewhere, whose key P is parked too: a replay of this stream's P leaves it
+OTHER_STREAM_MESSAGE = "P-of-another-stream"
 
 
 class ReplayHung(Exception):
     pass
 
 
+class _WatchedXdel:
+    """The Redis client a replay gets: at each XDEL it asks PostgreSQL (another connection) whether
+    the key's block row is still there, i.e. the dead letter goes before the replay committed."""
+
+    def __init__(self, client, handler: ReplayHandler, key: str) -> None:
+        self._client, self._handler, self._key = client, handler, key
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    async def _deleting(self) -> None:
+        cur = await self._handler.watcher.execute(
+            "SELECT 1 FROM mq_blocked_keys WHERE stream = %s AND key = %s", (self._handler.world.stream, self._key)
+        )
+        if await cur.fetchone() is not None:
+            self._handler.xdel_early = True
+
+    async def xdel(self, name, *ids):
+        await self._deleting()
+        return await self._client.xdel(name, *ids)
+
+    async def execute_command(self, *args, **options):
+        if args and str(args[0]).upper() == "XDEL":
+            await self._deleting()
+        return await self._client.execute_command(*args, **options)
+
+
 async def _replay(replay_key, pool, admin, handler, world: World, key: str):
-    job = asyncio.ensure_future(replay_key(pool, admin, handler, stream=world.stream, key=key, dlq=world.dlq))
+    redis = _WatchedXdel(admin, handler, key)
+    job = asyncio.ensure_future(replay_key(pool, redis, handler, stream=world.stream, key=key, dlq=world.dlq))
     done, _ = await asyncio.wait([job], timeout=RUN_LIMIT)
     if not done:
         job.cancel()
@@ -109,6 +177,12 @@ async def _replay(replay_key, pool, admin, handler, world: World, key: str):
 
 
 P_ORDER = [f"P-{s}" for s in range(1, 13)]
+
+
+def _as_text(mids: list[str]) -> bool:
+    """Were the parked messages applied in the text order of their entry ids? P-9..P-12 are 1-10..1-13,
+    which sort as text before 1-3 (P-2)."""
+    return mids[:4] == ["P-9", "P-10", "P-11", "P-12"]
 
 
 async def _expect_replayed(r: Report, watcher, admin, world: World, what: str) -> None:
@@ -121,11 +195,18 @@ async def _expect_replayed(r: Report, watcher, admin, world: World, what: str) -
                 f"{what}: key P applied {p}; {dup[0]} twice. A replay applies each message once: record its id in "
                 "mq_processed with its change, skip ids already there (the parked P-3 was delivered twice)"
             )
+        if OTHER_STREAM_MESSAGE in p:
+            r.fail(
+                f"{what}: key P applied {p}: {OTHER_STREAM_MESSAGE!r} is parked under key P of another stream. "
+                "Read mq_parked by stream and key, both"
+            )
         if sorted(p) == sorted(P_ORDER):
             hint = (
                 " The parked entries were sorted as text ('1-10' < '1-3'): order by the entry id as two numbers"
-                if p[1:] and p[1] != "P-2" and "P-10" in p[:5]
-                else " Apply the dead-lettered message first, then the parked ones in stream order"
+                if _as_text(p[1:])
+                else " Apply the dead-lettered message first, then the parked ones in stream order (the parked rows "
+                "were written in another order: order them by entry id, as two numbers, not by parked_at or by "
+                "nothing)"
             )
             r.fail(f"{what}: key P applied {p}, expected {P_ORDER}.{hint}")
         r.fail(f"{what}: key P applied {p}, expected {P_ORDER}")
@@ -141,6 +222,16 @@ async def _expect_replayed(r: Report, watcher, admin, world: World, what: str) -
         "P-1's dead letter deleted (XDEL)",
         "the dead-letter stream still holds P-1 after the replay: delete it (XDEL dlq_id) once the replay committed, "
         "or the DLQ size alert never clears",
+    )
+    cur = await watcher.execute(
+        "SELECT count(*) FROM mq_parked WHERE stream = %s AND key = 'P'", (world.stream + OTHER_STREAM,)
+    )
+    other = (await cur.fetchone())[0]
+    r.expect(
+        other == 1,
+        "key P's parked message in another stream untouched",
+        "the replay deleted key P's parked message of another stream: filter mq_parked (and mq_blocked_keys) by "
+        "stream and key, both",
     )
     r.expect(
         "Q" in blocks and "Q-1" in dead and "Q-2" in {world.by_entry.get(e) for e in park},
@@ -214,6 +305,12 @@ async def _replay_basic(r: Report, replay_key, ns, pool, watcher, admin) -> None
             "message of P could overtake the parked ones. Unblock only after (or in the transaction of) the last one"
         )
     await _expect_replayed(r, watcher, admin, world, "replay of P")
+    r.expect(
+        not handler.xdel_early,
+        "the dead letter was deleted after the replay committed",
+        "the dead letter was deleted (XDEL) while key P's block row was still committed: delete it only after the "
+        "replay's transaction committed, or a replay that fails or dies after the XDEL loses the dead letter for good",
+    )
     r.expect(
         got == len(P_ORDER),
         f"replay_key returned {got}: the messages it applied",

@@ -172,6 +172,8 @@ class Replica:
         self.watcher = watcher
         self.dead = False
         self.killed_at: str | None = None
+        self.killed_task: asyncio.Task | None = None  # the task the kill was raised in
+        self.after_kill: list[str] = []  # Redis commands that task still sent: it caught the kill
         self.overlap_probe = overlap_probe
         self.in_flight: Counter = Counter()
         self.overlaps: list[str] = []
@@ -218,6 +220,7 @@ class Replica:
     def kill(self, where: str) -> ConsumerKilled:
         self.dead = True
         self.killed_at = where
+        self.killed_task = asyncio.current_task()
         return mq.ConsumerKilled(f"the check killed consumer {self.name} {where}")
 
     # --- the handler --------------------------------------------------------------------
@@ -265,6 +268,8 @@ class Replica:
     # --- what the Redis client sees ------------------------------------------------------
     async def before(self, args) -> None:
         if self.dead:
+            if self.killed_task is not None and asyncio.current_task() is self.killed_task:
+                self.after_kill.append(_name(args))
             raise mq.ConsumerKilled(f"consumer {self.name} is dead")
         self.commands += 1
         armed = self._armed_task is not None and (
@@ -499,6 +504,12 @@ def names(world: World, entry_ids) -> str:
 def expect_clean_run(r: Report, run: Run, rep: Replica, what: str) -> None:
     if rep.misuse:
         r.fail(f"{what}: {rep.misuse[0]}")
+    if rep.after_kill:
+        r.fail(
+            f"{what}: after ConsumerKilled was raised {rep.killed_at}, the same task went on to send "
+            f"{', '.join(dict.fromkeys(rep.after_kill))} to Redis: it caught the kill (an except BaseException, or "
+            "an except that names ConsumerKilled). A kill is a BaseException: never catch it, let it end the consumer"
+        )
     if run.hung:
         r.hung = True  # the next scenarios are skipped: each would wait as long again
         r.fail(

@@ -129,6 +129,30 @@ RULES: dict[str, list[Rule]] = {
             "no-log",
         ),
         Rule(
+            "the failed one included",
+            "_expect_all_compensated: the declined and the unshippable order's saga_log must show a compensated "
+            "row for every started step",
+            "failed-step-not-compensated",
+        ),
+        Rule(
+            "ch06_stock.available of its sku goes up by its qty",
+            "_check_give_back_adds: release_stock held at the stock row (a lock the check holds) while another "
+            "order takes 3 of the sku; the stock must end before - 3 + qty",
+            "release-writes-back-what-it-read",
+        ),
+        Rule(
+            "Any other exception from a step propagates",
+            "_check_step_blip: charge_payment raises 40001 once (a trigger of the check); the saga must end "
+            "completed (or rolled back by recovery after it raised), never compensated by run_order_saga",
+            "compensates-any-step-error",
+        ),
+        Rule(
+            "if its log has a `failed` row or a step's `compensated` row, go on compensating",
+            "_check_saga: before recovery the crashed declined orders whose log says failed get money in their "
+            "wallet; a recovery that runs them forward completes them",
+            "recovery-ignores-failed",
+        ),
+        Rule(
             "Rolling every unfinished saga back instead",
             "_check_saga: after recovery an order may end completed or compensated, but every started step, the "
             "in-flight one included, must be undone",
@@ -183,6 +207,24 @@ RULES: dict[str, list[Rule]] = {
             "_check_outbox: the same gated race; a relay that claims rows by marking them published first, with no "
             "lock, lets the second relay take the order's next events",
             "mark-first-unlocked",
+        ),
+        Rule(
+            "In order per order: one order's events reach the stream",
+            "_check_outbox: the outbox is CLUSTERed newest first and its partial index dropped before the gated "
+            "race, so a relay without ORDER BY id reads an order's later events first",
+            "no-order-by",
+        ),
+        Rule(
+            "publish up to `limit` unpublished outbox rows",
+            "_check_outbox: an event whose transaction commits after a later id was published must still reach "
+            "the stream (a WHERE id > last_seen cursor skips it)",
+            "cursor-poller",
+        ),
+        Rule(
+            "the fields `event_id` (the outbox `id`, as a string), `aggregate_id`, `event_type`",
+            "_check_outbox: after the two relays every stream entry's aggregate_id, event_type and payload are "
+            "compared with its outbox row",
+            "event-type-hardcoded",
         ),
         Rule(
             "even with several relays running at once",

@@ -35,6 +35,7 @@ class Orders:
         "completing": ("EU", 1_000_00),
         "declined": ("EU", 1_00),
         "unshippable": ("MOON", 1_000_00),
+        "blipped": ("EU", 1_000_00),  # its first payment insert fails with a serialization failure (40001)
     }
 
     def __init__(self, pool) -> None:
@@ -145,6 +146,44 @@ async def check_order_saga(r: Report, release_stock, refund_payment, cancel_ship
             await control.close()
 
 
+BLIP_SQL = """
+CREATE SEQUENCE IF NOT EXISTS ch06_check_blip;
+CREATE OR REPLACE FUNCTION ch06_check_blip() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.order_id LIKE 'blipped-%' AND nextval('ch06_check_blip') = 1 THEN
+        RAISE EXCEPTION 'could not serialize access due to concurrent update (injected by the check)'
+            USING ERRCODE = '40001';
+    END IF;
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS ch06_check_blip ON ch06_payments;
+CREATE TRIGGER ch06_check_blip BEFORE INSERT ON ch06_payments
+    FOR EACH ROW EXECUTE FUNCTION ch06_check_blip();
+"""
+
+
+async def _events(pool, saga_id: str) -> list[tuple[str, str]]:
+    """``(step, event)`` of a saga's log, in the order it was written."""
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT step, event FROM saga_log WHERE saga_id = %s ORDER BY id", (saga_id,))
+        return [(step, event) for step, event in await cur.fetchall()]
+
+
+async def _expect_all_compensated(r: Report, pool, order: dict, what: str) -> None:
+    """Every step the log says was started has its compensated row, the failed one included."""
+    events = await _events(pool, order["order_id"])
+    started = [step for step, event in events if event == "started" and step != "saga"]
+    undone = {step for step, event in events if event == "compensated"}
+    missing = [step for step in started if step not in undone]
+    r.expect(
+        not missing,
+        f"{what}: saga_log has a compensated row for every step that was started, the failed one included",
+        f"{what}: saga_log shows {', '.join(missing)} started but never compensated ({events}). Compensate every "
+        "step that was started, the failed one included (a step can commit and still fail on its way back), in "
+        "reverse order, and log (step, 'compensated') after each",
+    )
+
+
 async def _expect_end(r: Report, orders: Orders, order: dict, got, want: str, what: str) -> None:
     kind, problems = await orders.outcome(order)
     n, final = await _final_row(orders.pool, order["order_id"])
@@ -182,8 +221,10 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
     order = await orders.new("declined")
     got = await run_order_saga(pool, order, sleep=clock.sleep)
     await _expect_end(r, orders, order, got, "compensated", "a declined payment")
+    declined = order
     if r.public:
         return
+    await _expect_all_compensated(r, pool, declined, "a declined payment")
 
     # --- reverse order --------------------------------------------------------------------------
     order = await orders.new("unshippable")
@@ -197,6 +238,7 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
         f"the services saw {trail}: the refund must come before the stock release (compensate in the reverse "
         "order of the steps: the last step done is the first undone)",
     )
+    await _expect_all_compensated(r, pool, order, "shipping unavailable")
 
     # --- compensations are idempotent and safe when their step never ran ------------------------
     release_stock, refund_payment, cancel_shipment = comps
@@ -230,6 +272,9 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
         f"{after['stock'] - before['stock']:+d} and the wallet by {after['wallet'] - before['wallet']:+d}: "
         "a compensation must undo only what its step did (recovery compensates steps that may not have run)",
     )
+
+    # --- a give-back adds to the stock there is when it writes, not to the stock it read -------------
+    await _check_give_back_adds(r, pool, control, orders, release_stock)
 
     # --- a compensation that fails transiently is retried, however many tries it takes ---------------
     order = await orders.new("unshippable")
@@ -280,6 +325,9 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
         r, orders, order, got, "compensated", f"with a refund failing {REFUND_FAILURES} times and a release once"
     )
 
+    # --- a step that fails for a reason that is not a business "no" ----------------------------------
+    await _check_step_blip(r, pool, control, orders, run_order_saga, clock)
+
     # --- a crash before every write, then recovery in a new process ---------------------------------
     (runner,) = r.replicas("run_order_saga", 1)
     recoverers = r.replicas("recover_sagas", 3)
@@ -300,6 +348,22 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
         await plan.arm_orders([(order, k) for k, order in enumerate(batch, 1)])
         await asyncio.gather(*(crash(order) for order in batch))
         await plan.disarm()
+        # the cause of a "no" can go away before recovery runs (a customer tops up a wallet): a saga whose log
+        # already says failed, or has a compensated step, must still be compensated, never run forward again
+        rescued = set()
+        for o in batch:
+            events = await _events(pool, o["order_id"])
+            if (
+                events
+                and not any(step == "saga" and ev != "begin" for step, ev in events)
+                and any(ev == "failed" or (ev == "compensated" and step != "saga") for step, ev in events)
+            ):
+                rescued.add(o["order_id"])
+                await control.execute(
+                    "UPDATE ch06_wallets SET balance_cents = balance_cents + %s WHERE customer = %s",
+                    (TOP_UP, o["customer"]),
+                )
+                orders.before[o["order_id"]]["wallet"] += TOP_UP
         unfinished = sorted(
             o["order_id"]
             for o, (rows, final) in zip(batch, await _final_rows(pool, [o["order_id"] for o in batch]), strict=True)
@@ -309,10 +373,12 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
             returned = await asyncio.wait_for(recoverers[0](pool, sleep=clock.sleep), CALL_LIMIT * 3)
         except TimeoutError:
             r.fail("recover_sagas did not return: does it retry without awaiting sleep, or wait for something?")
+        # sorted in the feedback: which of the sagas that crashed at once logged first depends on timing
+        shown = sorted(map(str, returned)) if isinstance(returned, list | tuple) else returned
         if not isinstance(returned, list | tuple) or sorted(map(str, returned)) != unfinished:
             r.fail(
                 f"after the {kind_name} crashes, {len(unfinished)} saga(s) had a begin row and no final row; "
-                f"recover_sagas() finished them and returned {returned!r:.160}; expected their saga ids "
+                f"recover_sagas() finished them and returned {shown!r:.160}; expected their saga ids "
                 f"({unfinished[:3]}...): return the ids of the sagas it finished, each once"
             )
         counts: dict[str, int] = {}
@@ -342,7 +408,14 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
             agree = {"completed": "completed", "compensated": "compensated", "untouched": "compensated"}
             if final is not None and agree[end] != final:
                 r.fail(f"{kind_name} order, {where}: saga_log says {final!r} but the services hold a {end} order")
-            if end == "completed" and want != "completed":
+            if end == "completed" and order["order_id"] in rescued:
+                r.fail(
+                    f"{kind_name} order, {where}: its log already said a step had failed, and by the time recovery "
+                    "ran the cause was gone (the customer could pay): recovery ran the saga forward again and it "
+                    "ended completed. A saga whose log has a failed row, or a step's compensated row, goes on "
+                    "compensating: it never runs forward again"
+                )
+            elif end == "completed" and want != "completed":
                 r.fail(f"{kind_name} order, {where}: it ended completed although a service said no")
             counts[end] = counts.get(end, 0) + 1
         summary = ", ".join(f"{n} {end}" for end, n in sorted(counts.items()))
@@ -367,6 +440,84 @@ async def _check_saga(r: Report, pool, plan: CrashPlan, control, comps, run_orde
 
     # --- two recoverers at once ----------------------------------------------------------------------
     await _two_recoverers(r, pool, plan, control, orders, runner, r.replicas("recover_sagas", 2), clock)
+
+
+async def _check_give_back_adds(r: Report, pool, control, orders: Orders, release_stock) -> None:
+    """release_stock held at the stock row while another order takes 3 of the same sku: the give-back must
+    land on top of that (available + qty), not write back the stock it read before it waited."""
+    order = await orders.new("completing")
+    await shop.reserve_stock(pool, order)
+    before = (await shop.effects(pool, order))["stock"]
+    locker = await psycopg.AsyncConnection.connect(control.info.dsn, autocommit=True)
+    try:
+        await locker.execute("BEGIN")
+        await locker.execute("SELECT 1 FROM ch06_stock WHERE sku = %s FOR UPDATE", (order["sku"],))
+        task = asyncio.ensure_future(release_stock(pool, order))
+        await settle(control, [task], limit=2.0)
+        await locker.execute("UPDATE ch06_stock SET available = available - 3 WHERE sku = %s", (order["sku"],))
+        await locker.execute("COMMIT")
+        await asyncio.wait_for(task, CALL_LIMIT)
+    finally:
+        await locker.close()
+    after = (await shop.effects(pool, order))["stock"]
+    want = before - 3 + order["qty"]
+    r.expect(
+        after == want,
+        "release_stock held at the stock row while another order took 3 of the sku: both changes kept",
+        f"release_stock was held at the stock row while another order took 3 of the same sku: the stock went from "
+        f"{before} to {after}, expected {want} ({before} - 3 + {order['qty']}). The give-back wrote back a value "
+        "computed from what it read before it waited, erasing the other change (a lost update): give back with a "
+        "commutative update, SET available = available + qty",
+    )
+
+
+async def _check_step_blip(r: Report, pool, control, orders: Orders, run_order_saga, clock) -> None:
+    """charge_payment raises SerializationFailure once (a transient error, not StepFailed): the saga must not
+    be compensated for it. Either it propagates and recovery completes the saga, or the orchestrator retried."""
+    await control.execute(BLIP_SQL)
+    await control.execute("SELECT setval('ch06_check_blip', 1, false)")
+    order = await orders.new("blipped")
+    try:
+        try:
+            got = await asyncio.wait_for(run_order_saga(pool, order, sleep=clock.sleep), CALL_LIMIT)
+        except TimeoutError:
+            got = "hung"
+        except Exception as err:  # noqa: BLE001 - expected: it propagates
+            got = err
+    finally:
+        await control.execute("DROP TRIGGER IF EXISTS ch06_check_blip ON ch06_payments")
+    r.note(
+        f"{order['order_id']}: charge_payment raises SerializationFailure (40001) once, a transient database error "
+        "and not StepFailed; then, if run_order_saga raised, recover_sagas() in a new process"
+    )
+    if isinstance(got, BaseException):
+        (recover,) = r.replicas("recover_sagas", 1)
+        try:
+            await asyncio.wait_for(recover(pool, sleep=clock.sleep), CALL_LIMIT * 3)
+        except Exception as err:  # noqa: BLE001 - reported
+            r.fail(f"after run_order_saga raised {error_line(got, 60)}, recover_sagas() raised {error_line(err, 80)}")
+    end, problems = await orders.outcome(order)
+    _, final = await _final_row(pool, order["order_id"])
+    if end == "completed" and final == "completed":
+        r.ok(
+            "a step that raised a transient error (not StepFailed) was not compensated: the saga ended completed"
+            + (" after recovery" if isinstance(got, BaseException) else "")
+        )
+        return
+    if isinstance(got, BaseException) and end in ("compensated", "untouched") and final == "compensated":
+        r.ok("the transient error propagated; recovery rolled the saga back (the text accepts that)")
+        return
+    said = f"raised {error_line(got, 60)}" if isinstance(got, BaseException) else f"returned {got!r}"
+    r.fail(
+        f"charge_payment raised SerializationFailure once (a transient error, not StepFailed); run_order_saga "
+        f"{said}, and the order ended {end} ({'; '.join(problems) or 'see the tables'}), saga_log final row "
+        f"{final!r}; expected completed (or, after run_order_saga raised, rolled back by recovery). Only StepFailed "
+        "is a service saying no: any other exception from a step propagates (the process may be dying), and "
+        "recovery then finishes the saga"
+    )
+
+
+TOP_UP = 1_000_00  # cents: what a declined customer has by the time recovery runs
 
 
 async def _two_recoverers(r: Report, pool, plan, control, orders: Orders, runner, pair, clock) -> None:
