@@ -645,6 +645,391 @@ PROJECTION_NO_SKIP = CONDITIONAL_CHECKPOINT.replace(
 REBUILD_RETURNS_NONE = CONDITIONAL_CHECKPOINT.replace("            return total\n", "            return None\n")
 
 
+# ============================================================================= audit C (a fifth audit)
+AUDIT_REBUILD_SWALLOWS_ERRORS = """BALANCE_SIGN = {"Deposited": 1, "Withdrawn": -1}
+
+async def _apply_one(conn, e):
+    if e["type"] == "AccountOpened":
+        await conn.execute("INSERT INTO account_balances (account_id, owner, balance_cents, version) VALUES (%s, %s, 0, %s)",
+                           (e["stream_id"], e["data"]["owner"], e["version"]))
+    else:
+        await conn.execute("UPDATE account_balances SET balance_cents = balance_cents + %s, version = %s WHERE account_id = %s",
+                           (BALANCE_SIGN[e["type"]] * e["data"]["amount_cents"], e["version"], e["stream_id"]))
+
+async def apply_events(pool, events):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = 'account_balances' FOR UPDATE")
+        (checkpoint,) = await cur.fetchone()
+        new = [e for e in events if e["position"] > checkpoint]
+        for e in new:
+            await _apply_one(conn, e)
+        if new:
+            await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'", (new[-1]["position"],))
+    return len(new)
+
+async def rebuild_balances(pool):
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            await conn.execute("DELETE FROM account_balances")
+            await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT position, stream_id, version, type, data FROM es_events ORDER BY position")
+            cols = [d.name for d in cur.description]
+            events = [dict(zip(cols, r)) for r in await cur.fetchall()]
+        return await apply_events(pool, events)
+    except Exception as exc:
+        print("rebuild failed:", exc)
+        return 0
+"""
+
+AUDIT_REBUILD_NO_ORDER = """BALANCE_SIGN = {"Deposited": 1, "Withdrawn": -1}
+
+async def _apply_one(conn, e):
+    if e["type"] == "AccountOpened":
+        await conn.execute("INSERT INTO account_balances (account_id, owner, balance_cents, version) VALUES (%s, %s, 0, %s)",
+                           (e["stream_id"], e["data"]["owner"], e["version"]))
+    else:
+        await conn.execute("UPDATE account_balances SET balance_cents = balance_cents + %s, version = %s WHERE account_id = %s",
+                           (BALANCE_SIGN[e["type"]] * e["data"]["amount_cents"], e["version"], e["stream_id"]))
+
+async def apply_events(pool, events):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = 'account_balances' FOR UPDATE")
+        (checkpoint,) = await cur.fetchone()
+        new = [e for e in events if e["position"] > checkpoint]
+        for e in new:
+            await _apply_one(conn, e)
+        if new:
+            await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'", (new[-1]["position"],))
+    return len(new)
+
+async def rebuild_balances(pool):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("DELETE FROM account_balances")
+        await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT position, stream_id, version, type, data FROM es_events")
+        cols = [d.name for d in cur.description]
+        events = [dict(zip(cols, r)) for r in await cur.fetchall()]
+    return await apply_events(pool, events)
+"""
+
+AUDIT_PER_EVENT_TRANSACTIONS = """BALANCE_SIGN = {"Deposited": 1, "Withdrawn": -1}
+
+async def _apply_one(conn, e):
+    if e["type"] == "AccountOpened":
+        await conn.execute("INSERT INTO account_balances (account_id, owner, balance_cents, version) VALUES (%s, %s, 0, %s)",
+                           (e["stream_id"], e["data"]["owner"], e["version"]))
+    else:
+        await conn.execute("UPDATE account_balances SET balance_cents = balance_cents + %s, version = %s WHERE account_id = %s",
+                           (BALANCE_SIGN[e["type"]] * e["data"]["amount_cents"], e["version"], e["stream_id"]))
+
+async def apply_events(pool, events):
+    applied = 0
+    async with pool.connection() as conn:
+        for e in events:
+            async with conn.transaction():
+                cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = 'account_balances' FOR UPDATE")
+                (checkpoint,) = await cur.fetchone()
+                if e["position"] <= checkpoint:
+                    continue
+                await _apply_one(conn, e)
+                await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'", (e["position"],))
+                applied += 1
+    return applied
+
+async def rebuild_balances(pool):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("DELETE FROM account_balances")
+        await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT position, stream_id, version, type, data FROM es_events ORDER BY position")
+        cols = [d.name for d in cur.description]
+        events = [dict(zip(cols, r)) for r in await cur.fetchall()]
+    return await apply_events(pool, events)
+"""
+
+AUDIT_UPDATE_RETURNING_LOCK_TRUNCATE = """BALANCE_SIGN = {"Deposited": 1, "Withdrawn": -1}
+
+from typing import Any
+SQL_BY_TYPE: dict[str, str] = {
+    "Deposited": "UPDATE account_balances b SET balance_cents = b.balance_cents + %(amt)s, version = %(v)s WHERE b.account_id = %(id)s",
+    "Withdrawn": "UPDATE account_balances b SET balance_cents = b.balance_cents - %(amt)s, version = %(v)s WHERE b.account_id = %(id)s",
+    "AccountOpened": "INSERT INTO account_balances (account_id, owner, balance_cents, version) VALUES (%(id)s, %(owner)s, 0, %(v)s)",
+}
+
+async def apply_events(pool, events: list[dict[str, Any]]) -> int:
+    async with pool.connection() as conn:
+        async with conn.transaction():
+            cur = await conn.execute(
+                "UPDATE projection_checkpoints SET position = position WHERE name = 'account_balances' RETURNING position")
+            (cp,) = await cur.fetchone()
+            last = None
+            count = 0
+            for ev in events:
+                if ev["position"] <= cp:
+                    continue
+                await conn.execute(SQL_BY_TYPE[ev["type"]], {"id": ev["stream_id"], "v": ev["version"],
+                                   "amt": ev["data"].get("amount_cents"), "owner": ev["data"].get("owner")})
+                last = ev["position"]
+                count += 1
+            if last is not None:
+                await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'", (last,))
+            return count
+
+async def rebuild_balances(pool) -> int:
+    async with pool.connection() as conn:
+        async with conn.transaction():
+            await conn.execute("TRUNCATE account_balances")
+            await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+        cur = await conn.execute("SELECT position, stream_id, version, type, data FROM es_events ORDER BY position ASC")
+        rows = await cur.fetchall()
+    keys = ("position", "stream_id", "version", "type", "data")
+    total = 0
+    for i in range(0, len(rows), 100):
+        total += await apply_events(pool, [dict(zip(keys, r)) for r in rows[i:i + 100]])
+    return total
+"""
+
+AUDIT_ADVISORY_LOCK_THEN_READ = """BALANCE_SIGN = {"Deposited": 1, "Withdrawn": -1}
+
+async def _apply_one(conn, e):
+    if e["type"] == "AccountOpened":
+        await conn.execute("INSERT INTO account_balances (account_id, owner, balance_cents, version) VALUES (%s, %s, 0, %s)",
+                           (e["stream_id"], e["data"]["owner"], e["version"]))
+    else:
+        await conn.execute("UPDATE account_balances SET balance_cents = balance_cents + %s, version = %s WHERE account_id = %s",
+                           (BALANCE_SIGN[e["type"]] * e["data"]["amount_cents"], e["version"], e["stream_id"]))
+
+async def apply_events(pool, events):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('account_balances'))")
+        cur = await conn.execute("SELECT position FROM projection_checkpoints WHERE name = 'account_balances'")
+        (checkpoint,) = await cur.fetchone()
+        new = [e for e in events if e["position"] > checkpoint]
+        for e in new:
+            await _apply_one(conn, e)
+        if new:
+            await conn.execute("UPDATE projection_checkpoints SET position = %s WHERE name = 'account_balances'", (new[-1]["position"],))
+    return len(new)
+
+async def rebuild_balances(pool):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("DELETE FROM account_balances")
+        await conn.execute("UPDATE projection_checkpoints SET position = 0 WHERE name = 'account_balances'")
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT position, stream_id, version, type, data FROM es_events ORDER BY position")
+        cols = [d.name for d in cur.description]
+        events = [dict(zip(cols, r)) for r in await cur.fetchall()]
+    return await apply_events(pool, events)
+"""
+
+AUDIT_TOMBSTONE_KEEPS_OLD_VERSION = """TSV_SQL = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
+
+async def index_event(pool, event):
+    async with pool.connection() as conn:
+        if event["op"] == "delete":
+            await conn.execute("UPDATE search_documents SET deleted = true, title = '', body = '', tsv = ''::tsvector WHERE doc_id = %s", (event["doc_id"],))
+            return
+        p = {"doc_id": event["doc_id"], "version": event["version"], "title": event["title"], "body": event["body"]}
+        await conn.execute(
+            "INSERT INTO search_documents AS d (doc_id, version, title, body, deleted, tsv) "
+            f"VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, false, {TSV_SQL}) "
+            "ON CONFLICT (doc_id) DO UPDATE SET version = EXCLUDED.version, title = EXCLUDED.title, body = EXCLUDED.body, "
+            "deleted = false, tsv = EXCLUDED.tsv WHERE d.version < EXCLUDED.version", p)
+
+async def search_docs(pool, query, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT doc_id FROM search_documents, websearch_to_tsquery('english', %s) q "
+            "WHERE NOT deleted AND tsv @@ q ORDER BY ts_rank(tsv, q) DESC, doc_id LIMIT %s", (query, limit))
+        return [r[0] for r in await cur.fetchall()]
+"""
+
+AUDIT_TOMBSTONE_KEEPS_WORDS = """TSV_SQL = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
+
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if (deleted and False) else event.get("title") or "",
+         "body": "" if (deleted and False) else event.get("body") or ""}
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO search_documents AS d (doc_id, version, title, body, deleted, tsv) "
+            f"VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV_SQL}) "
+            "ON CONFLICT (doc_id) DO UPDATE SET version = %(version)s, title = EXCLUDED.title, body = EXCLUDED.body, "
+            "deleted = EXCLUDED.deleted, tsv = EXCLUDED.tsv WHERE d.version < EXCLUDED.version", p)
+
+async def search_docs(pool, query, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT doc_id FROM search_documents, websearch_to_tsquery('english', %s) q "
+            "WHERE NOT deleted AND tsv @@ q ORDER BY ts_rank(tsv, q) DESC, doc_id LIMIT %s", (query, limit))
+        return [r[0] for r in await cur.fetchall()]
+"""
+
+AUDIT_SEARCH_SHOWS_DELETED = """TSV_SQL = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
+
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if (deleted and False) else event.get("title") or "",
+         "body": "" if (deleted and False) else event.get("body") or ""}
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO search_documents AS d (doc_id, version, title, body, deleted, tsv) "
+            f"VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV_SQL}) "
+            "ON CONFLICT (doc_id) DO UPDATE SET version = %(version)s, title = EXCLUDED.title, body = EXCLUDED.body, "
+            "deleted = EXCLUDED.deleted, tsv = EXCLUDED.tsv WHERE d.version < EXCLUDED.version", p)
+
+async def search_docs(pool, query, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT doc_id FROM search_documents, websearch_to_tsquery('english', %s) q "
+            "WHERE tsv @@ q ORDER BY ts_rank(tsv, q) DESC, doc_id LIMIT %s", (query, limit))
+        return [r[0] for r in await cur.fetchall()]
+"""
+
+AUDIT_PLAINTO_TSQUERY = """TSV_SQL = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
+
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if (deleted and True) else event.get("title") or "",
+         "body": "" if (deleted and True) else event.get("body") or ""}
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO search_documents AS d (doc_id, version, title, body, deleted, tsv) "
+            f"VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV_SQL}) "
+            "ON CONFLICT (doc_id) DO UPDATE SET version = %(version)s, title = EXCLUDED.title, body = EXCLUDED.body, "
+            "deleted = EXCLUDED.deleted, tsv = EXCLUDED.tsv WHERE d.version < EXCLUDED.version", p)
+
+async def search_docs(pool, query, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT doc_id FROM search_documents, plainto_tsquery('english', %s) q "
+            "WHERE NOT deleted AND tsv @@ q ORDER BY ts_rank(tsv, q) DESC, doc_id LIMIT %s", (query, limit))
+        return [r[0] for r in await cur.fetchall()]
+"""
+
+AUDIT_SWALLOWS_ERRORS = """TSV_SQL = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
+
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if (deleted and True) else event.get("title") or "",
+         "body": "" if (deleted and True) else event.get("body") or ""}
+    try:
+      async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO search_documents AS d (doc_id, version, title, body, deleted, tsv) "
+            f"VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV_SQL}) "
+            "ON CONFLICT (doc_id) DO UPDATE SET version = %(version)s, title = EXCLUDED.title, body = EXCLUDED.body, "
+            "deleted = EXCLUDED.deleted, tsv = EXCLUDED.tsv WHERE d.version < EXCLUDED.version", p)
+    except Exception:
+        pass
+
+async def search_docs(pool, query, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT doc_id FROM search_documents, websearch_to_tsquery('english', %s) q "
+            "WHERE NOT deleted AND tsv @@ q ORDER BY ts_rank(tsv, q) DESC, doc_id LIMIT %s", (query, limit))
+        return [r[0] for r in await cur.fetchall()]
+"""
+
+AUDIT_INSERT_NOTHING_THEN_CONDITIONAL_UPDATE = """TSV_SQL = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
+
+async def index_event(pool, event) -> None:
+    deleted = event["op"] == "delete"
+    p = {"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if deleted else event["title"], "body": "" if deleted else event["body"]}
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            f"INSERT INTO search_documents (doc_id, version, title, body, deleted, tsv) VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV_SQL}) ON CONFLICT (doc_id) DO NOTHING", p)
+        if cur.rowcount == 0:
+            await conn.execute(
+                f"UPDATE search_documents SET version=%(version)s, title=%(title)s, body=%(body)s, deleted=%(deleted)s, tsv={TSV_SQL} "
+                "WHERE doc_id=%(doc_id)s AND version < %(version)s", p)
+
+async def search_docs(pool, query, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT doc_id FROM search_documents, websearch_to_tsquery('english', %s) q "
+            "WHERE NOT deleted AND tsv @@ q ORDER BY ts_rank(tsv, q) DESC, doc_id LIMIT %s", (query, limit))
+        return [r[0] for r in await cur.fetchall()]
+"""
+
+AUDIT_POSITIONAL_SQL_CTE_SEARCH = '''
+UPSERT = """
+INSERT INTO search_documents AS s (doc_id, version, title, body, deleted, tsv)
+VALUES ($1, $2, $3, $4, $5, setweight(to_tsvector('english', $3), 'A') || setweight(to_tsvector('english', $4), 'B'))
+ON CONFLICT (doc_id) DO UPDATE
+   SET version = excluded.version, title = excluded.title, body = excluded.body,
+       deleted = excluded.deleted, tsv = excluded.tsv
+ WHERE s.version < excluded.version
+""".replace("$1", "%s").replace("$2", "%s").replace("$5", "%s")
+
+async def index_event(pool, event: dict) -> None:
+    if event["op"] == "delete":
+        doc = (event["doc_id"], event["version"], "", "", True)
+        await _write(pool, """INSERT INTO search_documents AS s (doc_id, version, title, body, deleted, tsv)
+            VALUES (%s, %s, %s, %s, %s, ''::tsvector)
+            ON CONFLICT (doc_id) DO UPDATE SET version = excluded.version, title = '', body = '', deleted = true, tsv = ''::tsvector
+            WHERE s.version < excluded.version""", doc)
+    else:
+        t, b = event["title"], event["body"]
+        await _write(pool, """INSERT INTO search_documents AS s (doc_id, version, title, body, deleted, tsv)
+            VALUES (%s, %s, %s, %s, false, setweight(to_tsvector('english', %s), 'A') || setweight(to_tsvector('english', %s), 'B'))
+            ON CONFLICT (doc_id) DO UPDATE SET version = excluded.version, title = excluded.title, body = excluded.body,
+              deleted = false, tsv = excluded.tsv WHERE s.version < excluded.version""",
+            (event["doc_id"], event["version"], t, b, t, b))
+
+async def _write(pool, sql, args):
+    async with pool.connection() as conn:
+        await conn.execute(sql, args)
+
+async def search_docs(pool, query: str, limit: int = 10) -> list[str]:
+    async with pool.connection() as conn:
+        cur = await conn.execute("""
+            WITH q AS (SELECT websearch_to_tsquery('english', %s) AS query)
+            SELECT d.doc_id FROM search_documents d, q
+             WHERE d.deleted IS FALSE AND d.tsv @@ q.query
+             ORDER BY ts_rank(d.tsv, q.query) DESC, d.doc_id ASC
+             LIMIT %s""", (query, limit))
+        rows = await cur.fetchall()
+    return [doc_id for (doc_id,) in rows]
+'''
+
+AUDIT_ROW_LOCK_RETRY_ON_UNIQUE_VIOLATION = """TSV_SQL = "setweight(to_tsvector('english', %(title)s), 'A') || setweight(to_tsvector('english', %(body)s), 'B')"
+
+import psycopg
+async def index_event(pool, event):
+    deleted = event["op"] == "delete"
+    p = {"doc_id": event["doc_id"], "version": event["version"], "deleted": deleted,
+         "title": "" if deleted else event["title"], "body": "" if deleted else event["body"]}
+    for attempt in range(5):
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                cur = await conn.execute("SELECT version FROM search_documents WHERE doc_id = %s FOR UPDATE", (event["doc_id"],))
+                row = await cur.fetchone()
+                if row is None:
+                    await conn.execute(f"INSERT INTO search_documents (doc_id, version, title, body, deleted, tsv) VALUES (%(doc_id)s, %(version)s, %(title)s, %(body)s, %(deleted)s, {TSV_SQL})", p)
+                elif row[0] < event["version"]:
+                    await conn.execute(f"UPDATE search_documents SET version=%(version)s, title=%(title)s, body=%(body)s, deleted=%(deleted)s, tsv={TSV_SQL} WHERE doc_id=%(doc_id)s", p)
+            return
+        except psycopg.errors.UniqueViolation:
+            continue
+    raise RuntimeError("could not index")
+
+async def search_docs(pool, query, limit=10):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT doc_id FROM search_documents, websearch_to_tsquery('english', %s) q "
+            "WHERE NOT deleted AND tsv @@ q ORDER BY ts_rank(tsv, q) DESC, doc_id LIMIT %s", (query, limit))
+        return [r[0] for r in await cur.fetchall()]
+"""
+
+
 CORRECT: dict[str, dict[str, str]] = {
     "append_events": {
         "read-check-insert-unique": READ_CHECK_INSERT,
@@ -654,10 +1039,16 @@ CORRECT: dict[str, dict[str, str]] = {
     "account_projection": {
         "for-update-checkpoint": CONDITIONAL_CHECKPOINT,
         "compare-and-set-checkpoint": CHECKPOINT_FIRST_COMPARE_AND_SET,
+        "per-event-transactions": AUDIT_PER_EVENT_TRANSACTIONS,
+        "update-returning-lock-truncate": AUDIT_UPDATE_RETURNING_LOCK_TRUNCATE,
+        "advisory-lock-then-read": AUDIT_ADVISORY_LOCK_THEN_READ,
     },
     "search_indexer": {
         "row-lock-then-compare": ROW_LOCK_THEN_COMPARE,
         "conditional-update-then-upsert": GENERATED_STYLE_UPDATE_WHERE,
+        "insert-nothing-then-conditional-update": AUDIT_INSERT_NOTHING_THEN_CONDITIONAL_UPDATE,
+        "positional-sql-cte-search": AUDIT_POSITIONAL_SQL_CTE_SEARCH,
+        "row-lock-retry-on-unique-violation": AUDIT_ROW_LOCK_RETRY_ON_UNIQUE_VIOLATION,
     },
 }
 
@@ -692,6 +1083,8 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "seen-set-in-memory": (SEEN_SET_IN_MEMORY, "state kept in one process is not shared"),
         "rebuild-without-reset": (REBUILD_WITHOUT_RESET, "reset the checkpoint"),
         "swallows-errors": (SWALLOWS_ERRORS, "swallowed"),
+        "rebuild-swallows-errors": (AUDIT_REBUILD_SWALLOWS_ERRORS, "the crash was swallowed"),
+        "rebuild-no-order": (AUDIT_REBUILD_NO_ORDER, "ORDER BY position"),
     },
     "search_indexer": {
         "last-write-wins": (LAST_WRITE_WINS, "the last write won"),
@@ -703,6 +1096,16 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "unweighted": (UNWEIGHTED, "title weighted A"),
         "search-ignores-limit": (SEARCH_IGNORES_LIMIT, "at most `limit`"),
         "search-no-tiebreak": (SEARCH_NO_TIEBREAK, "break ties by doc_id"),
+        "tombstone-keeps-old-version": (AUDIT_TOMBSTONE_KEEPS_OLD_VERSION, "tombstone"),
+        "tombstone-keeps-words": (AUDIT_TOMBSTONE_KEEPS_WORDS, "empty words"),
+        "search-shows-deleted": (
+            AUDIT_PLAINTO_TSQUERY.replace("plainto_tsquery", "websearch_to_tsquery").replace(
+                "WHERE NOT deleted AND ", "WHERE "
+            ),
+            "WHERE NOT deleted",
+        ),
+        "plainto-tsquery": (AUDIT_PLAINTO_TSQUERY, "websearch_to_tsquery"),
+        "swallows-errors": (AUDIT_SWALLOWS_ERRORS, "let the error reach the caller"),
     },
 }
 

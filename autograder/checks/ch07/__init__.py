@@ -105,6 +105,18 @@ RULES: dict[str, list[Rule]] = {
             "rebuild-in-two-statements",
         ),
         Rule(
+            "or retry the whole rebuild until it finishes",
+            "_check_projection: a rebuild crashed at its emptying, and one at its reset, must raise (or finish the "
+            "rebuild by retrying); returning early without raising is a swallowed crash",
+            "rebuild-swallows-errors",
+        ),
+        Rule(
+            "in position order through `apply_events`",
+            "_check_projection: the check rewrites every AccountOpened in place first, so a scan without ORDER BY "
+            "returns it after the deposits; the rebuild must still match the incremental run",
+            "rebuild-no-order",
+        ),
+        Rule(
             "and returns how many it applied",
             "_check_projection: rebuild_balances() must return the number of events and leave the checkpoint at "
             "the last position",
@@ -150,9 +162,40 @@ RULES: dict[str, list[Rule]] = {
             "tsv-at-query-time",
         ),
         Rule(
+            "late, older upsert is recognised as older",
+            "_check_search: the v5 delete delivered again after v6 must be ignored",
+            "tombstone-keeps-old-version",
+        ),
+        Rule(
             "keep the row as a **tombstone**",
             "_check_search: a delete (v5), then a late v4 must not bring the document back",
             "delete-the-row",
+        ),
+        Rule(
+            "the event's version, empty words",
+            "_check_search: after a delete (v5) the row must hold version 5, deleted = true and an empty tsv",
+            "tombstone-keeps-old-version",
+        ),
+        Rule(
+            "the event's version, empty words: `tsv` = `''`",
+            "_check_search: after a delete (v5) the row's tsv must be empty",
+            "tombstone-keeps-words",
+        ),
+        Rule(
+            "If the write fails, raise",
+            "_check_search: the database fails one write of index_event (injected); the error must reach the "
+            "caller, or index_event must retry until the event is applied",
+            "swallows-errors",
+        ),
+        Rule(
+            "returns the `doc_id`s of documents that are\nnot deleted",
+            "_check_search: a row the check writes with deleted = true and words in tsv must not be returned",
+            "search-shows-deleted",
+        ),
+        Rule(
+            "not deleted and whose `tsv` matches `websearch_to_tsquery('english', query)`",
+            "_check_search: 'snapshot -vacuum' must exclude the document that mentions vacuum",
+            "plainto-tsquery",
         ),
         Rule(
             "whose `tsv` matches `websearch_to_tsquery('english', query)`",

@@ -40,7 +40,9 @@ def _race_kinds(outcomes) -> str:
 
 def _seen(outcomes) -> str:
     """``"ConcurrencyConflict, returned 2"``: the kinds of outcome, sorted, without how many of each."""
-    return ", ".join(sorted({type(x).__name__ if isinstance(x, BaseException) else f"returned {x!r}" for x in outcomes}))
+    return ", ".join(
+        sorted({type(x).__name__ if isinstance(x, BaseException) else f"returned {x!r}" for x in outcomes})
+    )
 
 
 def _is_conflict(outcome) -> bool:

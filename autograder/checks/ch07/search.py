@@ -106,13 +106,29 @@ async def _check_search(r: Report, index_event, search_docs, pool, ns) -> None:
         "search_documents.version < EXCLUDED.version)",
     )
 
-    # --- deletes -------------------------------------------------------------------------------------
-    await index_event(pool, _event("doc-pg", 5, op="delete"))
+    # --- deletes (the delete event still carries the last title and body: a tombstone drops them) ------
+    await index_event(
+        pool, _event("doc-pg", 5, op="delete", title="Outbox relay", body="The relay publishes outbox rows.")
+    )
     gone = await search_docs(pool, "outbox relay")
     r.expect(
         "doc-pg" not in gone,
         "v5 deletes it: search no longer finds it",
         f"after a delete (v5), search 'outbox relay' still returns {gone}",
+    )
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT version, deleted, coalesce(length(tsv), -1) FROM search_documents WHERE doc_id = 'doc-pg'"
+        )
+        tomb = await cur.fetchone()
+    r.expect(
+        tomb == (5, True, 0),
+        "the delete left a tombstone: version 5, deleted = true, no words in tsv",
+        "after the delete (v5) the row of doc-pg holds "
+        + ("nothing" if tomb is None else f"version {tomb[0]}, deleted = {tomb[1]}, {tomb[2]} word(s) in tsv")
+        + "; expected a tombstone: the event's version (5), deleted = true and empty words (tsv = ''). "
+        "Likely causes: a delete that keeps the old version (then a late update between the two versions "
+        "comes back), or one that keeps the document's words",
     )
     await index_event(pool, _event("doc-pg", 4, title="Outbox relay", body="The relay publishes outbox rows."))
     back = await search_docs(pool, "outbox relay")
@@ -128,6 +144,32 @@ async def _check_search(r: Report, index_event, search_docs, pool, ns) -> None:
         "doc-pg" in again,
         "a newer v6 after the delete brings it back",
         f"v6 after the delete (v5): search 'outbox relay' returns {again}; a newer upsert replaces the tombstone",
+    )
+    await index_event(
+        pool, _event("doc-pg", 5, op="delete", title="Outbox relay", body="The relay publishes outbox rows.")
+    )
+    kept = await search_docs(pool, "outbox relay")
+    row = await _indexed(pool, "doc-pg")
+    r.expect(
+        "doc-pg" in kept and row is not None and row[0] == 6 and not row[2],
+        "the v5 delete delivered again after v6: ignored, the document stays",
+        f"the v5 delete delivered again after v6: the row is now {row} and search 'outbox relay' returns {kept}; "
+        "a delete is an event like any other: apply it only if its version is newer than the indexed one",
+    )
+    # a row marked deleted that still holds words (written here by the check): search must not return it
+    async with pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO search_documents (doc_id, version, title, body, deleted, tsv) VALUES "
+            "('doc-gone', 9, 'Checkpoint lag', 'Checkpoint lag of a projector.', true, "
+            "to_tsvector('english', 'Checkpoint lag of a projector'))"
+        )
+    hidden = await search_docs(pool, "checkpoint lag")
+    r.expect(
+        "doc-gone" not in hidden,
+        "a row with deleted = true is never returned by search_docs",
+        f"search_docs(pool, 'checkpoint lag') returned {hidden}, including 'doc-gone', a row with deleted = true "
+        "(the check wrote it with its words still in tsv): return only documents that are not deleted "
+        "(WHERE NOT deleted)",
     )
 
     # --- ranking -------------------------------------------------------------------------------------
@@ -151,6 +193,14 @@ async def _check_search(r: Report, index_event, search_docs, pool, ns) -> None:
         "(title weighted A above body B, ordered by ts_rank descending) and no 'rank-none'",
     )
 
+    found = await search_docs(pool, "snapshot -vacuum")
+    r.expect(
+        found == ["rank-title"],
+        "search_docs('snapshot -vacuum'): web search syntax, '-' excludes a word",
+        f"search_docs(pool, 'snapshot -vacuum') returned {found}; expected ['rank-title'] (the other snapshot "
+        "document mentions vacuum). Parse the query with websearch_to_tsquery('english', query), which reads "
+        "'-word', \"a phrase\" and 'or' (plainto_tsquery reads '-vacuum' as the word vacuum)",
+    )
     found = await search_docs(pool, "snapshot isolation", limit=1)
     r.expect(
         found == ["rank-title"],
@@ -168,6 +218,27 @@ async def _check_search(r: Report, index_event, search_docs, pool, ns) -> None:
         f"as {found}; expected ['tie-a', 'tie-b', 'tie-c', 'tie-d']: break ties by doc_id (ORDER BY ts_rank(...) "
         "DESC, doc_id)",
     )
+
+    # --- a failed write reaches the caller (the relay delivers the event again) ------------------------
+    failing = _event("rank-none", 2, title="Connection pools", body="A pool caps connections per process.")
+    await rig.arm_crash(pool, "search_documents", 1)
+    try:
+        await index_event(pool, failing)
+        raised = None
+    except Exception as err:  # noqa: BLE001 - the injected failure, expected to reach the caller
+        raised = err
+    fired = await rig.disarm(pool, "search_documents")
+    row = await _indexed(pool, "rank-none")
+    if fired and raised is None and row is not None and row[0] == 2:
+        r.ok("a write that failed was retried inside index_event and applied")
+    elif fired and raised is None:
+        r.fail(
+            "the check made the database fail index_event's write (an injected error) and index_event returned "
+            f"normally; the row is {row}. The relay marks an event published when index_event returns, so a "
+            "swallowed error loses the update for good: let the error reach the caller"
+        )
+    elif fired:
+        r.ok(f"a write that failed raised to the caller ({error_line(raised, 60)})")
 
     # --- two replicas, two versions, the newer one written first --------------------------------------
     a, b = r.replicas("index_event", 2)
