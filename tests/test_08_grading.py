@@ -437,6 +437,602 @@ CALLS_THE_REFERENCE: dict[str, dict[str, str]] = {
 }
 
 
+# ============================================================================= audit C (a fifth audit)
+TB_AUDIT_TIME_SECONDS_ONLY = r'''import math
+import time
+from redis.exceptions import WatchError
+LUA = """
+local capacity, rate, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1])
+end
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1]) or capacity
+local ts = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
+local wait_ms = 0
+if tokens >= cost then
+  tokens = tokens - cost
+else
+  wait_ms = math.ceil((cost - tokens) / rate * 1000)
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((capacity - tokens) / rate * 1000)))
+return wait_ms
+"""
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    script = redis.register_script(LUA)
+    wait_ms = await script(keys=[key], args=[capacity, rate, cost, "" if now is None else repr(now)])
+    return wait_ms == 0, wait_ms / 1000
+'''
+
+TB_AUDIT_WAIT_ROUNDED_DOWN = r'''import math
+import time
+from redis.exceptions import WatchError
+LUA = """
+local capacity, rate, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1]) or capacity
+local ts = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
+local wait_ms = 0
+if tokens >= cost then
+  tokens = tokens - cost
+else
+  wait_ms = math.max(1, math.floor((cost - tokens) / rate * 1000))
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((capacity - tokens) / rate * 1000)))
+return wait_ms
+"""
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    script = redis.register_script(LUA)
+    wait_ms = await script(keys=[key], args=[capacity, rate, cost, "" if now is None else repr(now)])
+    return wait_ms == 0, wait_ms / 1000
+'''
+
+
+# ============================================================================= audit C, second pass
+# reads the bucket, then WATCHes: lockstep sends every WATCH before any EXEC, so only a take that lands
+# between one request's read and its WATCH (the staggered step) shows the stale read
+TB_AUDIT_READS_BEFORE_WATCH = """
+from redis.exceptions import WatchError
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    while True:
+        if now is None:
+            sec, usec = await redis.time()
+            t = sec + usec / 1e6
+        else:
+            t = now
+        state = await redis.hgetall(key)          # read first ...
+        tokens = float(state.get("tokens", capacity))
+        last = float(state.get("ts", t))
+        tokens = min(capacity, tokens + max(0.0, t - last) * rate)
+        ok = tokens >= cost
+        if ok:
+            tokens -= cost
+        async with redis.pipeline() as pipe:
+            try:
+                await pipe.watch(key)             # ... then WATCH: too late
+                pipe.multi()
+                pipe.hset(key, mapping={"tokens": repr(tokens), "ts": repr(t)})
+                pipe.pexpire(key, max(1, int((capacity - tokens) / rate * 1000) + 1))
+                await pipe.execute()
+                return ok, 0.0 if ok else (cost - tokens) / rate
+            except WatchError:
+                continue
+"""
+
+# correct with a lock in Redis (redis-py's Lock, or SET NX PX with a token): the staggered step must not hang
+TB_AUDIT_REDIS_LOCK = """
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    async with redis.lock(f"{key}:lock", timeout=5, sleep=0.01):
+        if now is None:
+            sec, usec = await redis.time()
+            now = sec + usec / 1e6
+        state = await redis.hgetall(key)
+        tokens = float(state.get("tokens", capacity))
+        last = float(state.get("ts", now))
+        tokens = min(capacity, tokens + max(0.0, now - last) * rate)
+        ok = tokens >= cost
+        if ok:
+            tokens -= cost
+        await redis.hset(key, mapping={"tokens": repr(tokens), "ts": repr(now)})
+        await redis.pexpire(key, max(1, int((capacity - tokens) / rate * 1000) + 1))
+        return ok, 0.0 if ok else (cost - tokens) / rate
+"""
+
+TB_AUDIT_SETNX_LOCK = """
+import asyncio, uuid
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    me = uuid.uuid4().hex
+    while not await redis.set(key + ":mutex", me, nx=True, px=2000):
+        await asyncio.sleep(0.005)
+    try:
+        if now is None:
+            sec, usec = await redis.time()
+            now = sec + usec / 1e6
+        tokens, ts = await redis.hmget(key, "tokens", "ts")
+        tokens = capacity if tokens is None else float(tokens)
+        ts = now if ts is None else float(ts)
+        tokens = min(capacity, tokens + max(0.0, now - ts) * rate)
+        ok = tokens >= cost
+        if ok:
+            tokens -= cost
+        async with redis.pipeline(transaction=True) as p:
+            p.hset(key, mapping={"tokens": repr(tokens), "ts": repr(now)})
+            p.pexpire(key, max(1, int((capacity - tokens) / rate * 1000) + 1))
+            await p.execute()
+        return ok, 0.0 if ok else (cost - tokens) / rate
+    finally:
+        if await redis.get(key + ":mutex") == me:
+            await redis.delete(key + ":mutex")
+"""
+
+TB_AUDIT_TRANSACTION_HELPER = """
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    out = {}
+    async def body(pipe):
+        if now is None:
+            sec, usec = await pipe.time()
+            t = sec + usec / 1e6
+        else:
+            t = now
+        raw = await pipe.hgetall(key)
+        tokens = float(raw.get("tokens", capacity)); last = float(raw.get("ts", t))
+        tokens = min(capacity, tokens + max(0.0, t - last) * rate)
+        ok = tokens >= cost
+        if ok:
+            tokens -= cost
+        pipe.multi()
+        pipe.hset(key, mapping={"tokens": repr(tokens), "ts": repr(t)})
+        pipe.pexpire(key, max(1, int((capacity - tokens) / rate * 1000) + 1))
+        out["r"] = (ok, 0.0 if ok else (cost - tokens) / rate)
+    await redis.transaction(body, key)
+    return out["r"]
+"""
+
+# a harmless read before WATCH, then WATCH and a fresh read: correct
+TB_AUDIT_PREREAD_REREAD = """
+from redis.exceptions import WatchError
+
+async def token_bucket(redis, key, capacity, rate, cost=1, now=None):
+    await redis.exists(key)  # a harmless look first
+    while True:
+        async with redis.pipeline() as pipe:
+            try:
+                await pipe.watch(key)
+                t = now
+                if t is None:
+                    sec, usec = await pipe.time(); t = sec + usec / 1e6
+                tokens, last = await pipe.hmget(key, "tokens", "ts")
+                tokens = capacity if tokens is None else float(tokens)
+                last = t if last is None else float(last)
+                tokens = min(capacity, tokens + max(0.0, t - last) * rate)
+                ok = tokens >= cost
+                if ok: tokens -= cost
+                pipe.multi()
+                pipe.hset(key, mapping={"tokens": repr(tokens), "ts": repr(t)})
+                pipe.pexpire(key, max(1, int((capacity - tokens) / rate * 1000) + 1))
+                await pipe.execute()
+                return ok, 0.0 if ok else (cost - tokens) / rate
+            except WatchError:
+                continue
+"""
+
+CORRECT["token_bucket"].update(
+    {
+        "redis-lock": TB_AUDIT_REDIS_LOCK,
+        "set-nx-lock": TB_AUDIT_SETNX_LOCK,
+        "watch-transaction-helper": TB_AUDIT_TRANSACTION_HELPER,
+        "look-then-watch-and-read-again": TB_AUDIT_PREREAD_REREAD,
+    }
+)
+
+
+# sliding_window, audit C second pass: fresh answers (a wait truncated to whole seconds, expiry set in
+# milliseconds as seconds or only on create, a stale read before WATCH, ...) and correct styles
+
+SW_AUDIT_READS_BEFORE_WATCH = r"""
+import uuid
+from redis.exceptions import WatchError
+
+async def sliding_window(redis, key, limit, window, now=None):
+    while True:
+        if now is None:
+            sec, usec = await redis.time()
+            t = sec + usec / 1e6
+        else:
+            t = now
+        entries = await redis.zrangebyscore(key, f"({t - window}", "+inf", withscores=True)  # read first
+        async with redis.pipeline() as pipe:
+            try:
+                await pipe.watch(key)   # then WATCH: too late
+                pipe.multi()
+                pipe.zremrangebyscore(key, "-inf", t - window)
+                ok = len(entries) < limit
+                if ok:
+                    pipe.zadd(key, {uuid.uuid4().hex: t})
+                    pipe.pexpire(key, int(window * 1000))
+                await pipe.execute()
+                return (True, 0.0) if ok else (False, entries[len(entries) - limit][1] + window - t)
+            except WatchError:
+                continue
+"""
+
+SW_AUDIT_EXPIRE_ON_CREATE = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)   --TRIM
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  if n == 0 then redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000)) end   --EXP
+  return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')   --WAITENTRY
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+SW_AUDIT_EXPIRE_WINDOW_AS_MS = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)   --TRIM
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  redis.call('PEXPIRE', KEYS[1], window)   --EXP
+  return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')   --WAITENTRY
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+SW_AUDIT_EXPIRE_TOO_LONG = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)   --TRIM
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  redis.call('PEXPIRE', KEYS[1], math.ceil(10 * window * 1000))   --EXP
+  return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')   --WAITENTRY
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+SW_AUDIT_LUA_WAIT_TRUNCATED = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)   --TRIM
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))   --EXP
+  return {1, 0}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')   --WAITENTRY
+return {0, tonumber(oldest[2]) + window - now}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+SW_AUDIT_IGNORES_NOW = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)   --TRIM
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))   --EXP
+  return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')   --WAITENTRY
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "", secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+SW_AUDIT_ADMITS_LIMIT_PLUS_ONE = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)   --TRIM
+local n = redis.call('ZCARD', KEYS[1])
+if n <= limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))   --EXP
+  return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')   --WAITENTRY
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+SW_AUDIT_WAIT_FROM_NEWEST = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)   --TRIM
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))   --EXP
+  return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')   --WAITENTRY
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+SW_AUDIT_NO_TRIM = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))   --EXP
+  return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')   --WAITENTRY
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+SW_AUDIT_LOG_STRING_WAIT = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)   --TRIM
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))   --EXP
+  return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')   --WAITENTRY
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+SW_AUDIT_LOG_SEQUENCE_MEMBERS = r'''
+SCRIPT = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if now == nil then
+  local t = redis.call('TIME')
+  now = t[1] + t[2] / 1e6
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, now - window)
+local count = redis.call('ZCARD', KEYS[1])
+if count >= limit then
+  local e = redis.call('ZRANGE', KEYS[1], count - limit, count - limit, 'WITHSCORES')
+  return {0, math.ceil((e[2] + window - now) * 1000)}
+end
+local seq = redis.call('INCR', KEYS[1] .. ':seq')
+redis.call('ZADD', KEYS[1], now, now .. '-' .. seq)
+redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+redis.call('PEXPIRE', KEYS[1] .. ':seq', math.ceil(window * 1000))
+return {1, 0}
+"""
+
+async def sliding_window(redis, key: str, limit: int, window: float, now: float | None = None) -> tuple[bool, float]:
+    script = redis.register_script(SCRIPT)
+    allowed, wait_ms = await script(keys=[key], args=[limit, window, "" if now is None else now])
+    return allowed == 1, wait_ms / 1000.0
+'''
+
+SW_AUDIT_TRANSACTION_HELPER = r"""
+import uuid
+
+async def sliding_window(redis, key, limit, window, now=None):
+    out = {}
+    async def body(pipe):
+        if now is None:
+            sec, usec = await pipe.time()
+            t = sec + usec / 1e6
+        else:
+            t = now
+        entries = await pipe.zrangebyscore(key, f"({t - window}", "+inf", withscores=True)
+        pipe.multi()
+        pipe.zremrangebyscore(key, "-inf", t - window)
+        if len(entries) < limit:
+            pipe.zadd(key, {uuid.uuid4().hex: t})
+            pipe.pexpire(key, int(window * 1000) + 1)
+            out["r"] = (True, 0.0)
+        else:
+            out["r"] = (False, entries[len(entries) - limit][1] + window - t)
+    await redis.transaction(body, key)
+    return out["r"]
+"""
+
+SW_AUDIT_REDIS_LOCK = r"""
+import uuid
+
+async def sliding_window(redis, key, limit, window, now=None):
+    async with redis.lock(key + ":lock", timeout=5, sleep=0.01):
+        if now is None:
+            sec, usec = await redis.time()
+            now = sec + usec / 1e6
+        await redis.zremrangebyscore(key, "-inf", now - window)
+        entries = await redis.zrange(key, 0, -1, withscores=True)
+        if len(entries) < limit:
+            await redis.zadd(key, {uuid.uuid4().hex: now})
+            await redis.pexpire(key, int(window * 1000) + 1)
+            return True, 0.0
+        return False, entries[len(entries) - limit][1] + window - now
+"""
+
+SW_AUDIT_CLASS = r'''
+import secrets
+
+class _Limiter:
+    LUA = """
+local now = tonumber(ARGV[1])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+local limit, window = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then
+  redis.call('ZADD', KEYS[1], now, ARGV[4])
+  redis.call('EXPIRE', KEYS[1], math.ceil(window) + 1)
+  return {1, '0'}
+end
+local e = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')
+return {0, string.format('%.6f', tonumber(e[2]) + window - now)}
+"""
+    async def __call__(self, redis, key, limit, window, now=None):
+        script = redis.register_script(self.LUA)
+        ok, wait = await script(keys=[key], args=["" if now is None else repr(now), limit, window, secrets.token_hex(6)])
+        return bool(ok), float(wait)
+
+_limiter = _Limiter()
+
+async def sliding_window(redis, key, limit, window, now=None):
+    return await _limiter(redis, key, limit, window, now)
+'''
+
+SW_AUDIT_ZCOUNT = r'''
+import secrets
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+local n = redis.call('ZCOUNT', KEYS[1], '(' .. (now - window), '+inf')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if n >= limit then
+  local e = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')
+  return {0, math.ceil((tonumber(e[2]) + window - now) * 1000)}
+end
+redis.call('ZADD', KEYS[1], now, ARGV[4])
+redis.call('PEXPIRE', KEYS[1], math.ceil(2 * window * 1000))
+return {1, 0}
+"""
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, ms = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_urlsafe(12))
+    return bool(ok), ms / 1000
+'''
+
+# keeps an entry exactly `window` old (a closed window): stricter at one instant, admitted 1 ms after
+
+SW_AUDIT_TRIM_KEEPS_EDGE = r'''
+import secrets
+
+LUA = """
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+if not now then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - window))   --TRIM
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then   --CMP
+  redis.call('ZADD', KEYS[1], now, ARGV[4])   --ADD
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))   --EXP
+  return {1, '0'}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')   --WAITENTRY
+return {0, tostring(tonumber(oldest[2]) + window - now)}
+"""
+
+async def sliding_window(redis, key, limit, window, now=None):
+    ok, wait = await redis.eval(LUA, 1, key, limit, window, "" if now is None else repr(now), secrets.token_hex(8))
+    return bool(ok), float(wait)
+'''
+
+CORRECT["sliding_window"].update(
+    {
+        "log-eval-string-wait": SW_AUDIT_LOG_STRING_WAIT,
+        "log-sequence-members": SW_AUDIT_LOG_SEQUENCE_MEMBERS,
+        "watch-transaction-helper": SW_AUDIT_TRANSACTION_HELPER,
+        "redis-lock": SW_AUDIT_REDIS_LOCK,
+        "class-behind-a-function": SW_AUDIT_CLASS,
+        "zcount-then-trim": SW_AUDIT_ZCOUNT,
+        "trim-keeps-the-edge-entry": SW_AUDIT_TRIM_KEEPS_EDGE,
+    }
+)
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "token_bucket": {
         "get-then-set": (TB_GET_THEN_SET, "read the bucket before any of them wrote it back"),
@@ -450,6 +1046,9 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "lua-float-truncated": (TB_LUA_FLOAT_TRUNCATED, "into an integer"),
         "dict-in-one-process": (TB_IN_PROCESS, "not shared"),
         "lock-in-one-process": (TB_LOCKED, "does not reach another"),
+        "time-seconds-only": (TB_AUDIT_TIME_SECONDS_ONLY, "microseconds"),
+        "wait-rounded-down": (TB_AUDIT_WAIT_ROUNDED_DOWN, "rounded down"),
+        "reads-before-watch": (TB_AUDIT_READS_BEFORE_WATCH, "before its WATCH"),
     },
     "sliding_window": {
         "fixed-window": (SW_FIXED_WINDOW, "double burst at the boundary"),
@@ -463,6 +1062,15 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "deque-in-one-process": (SW_IN_PROCESS, "not shared"),
         "lock-in-one-process": (SW_LOCKED, "does not reach another"),
         "client-clock": (SW_CLIENT_TIME, "redis.call('TIME')"),
+        "reads-before-watch": (SW_AUDIT_READS_BEFORE_WATCH, "before its WATCH"),
+        "expire-only-on-create": (SW_AUDIT_EXPIRE_ON_CREATE, "on every write"),
+        "expire-window-as-milliseconds": (SW_AUDIT_EXPIRE_WINDOW_AS_MS, "PEXPIRE takes milliseconds"),
+        "expire-too-long": (SW_AUDIT_EXPIRE_TOO_LONG, "twice the window"),
+        "lua-wait-truncated": (SW_AUDIT_LUA_WAIT_TRUNCATED, "into an integer"),
+        "ignores-injected-now": (SW_AUDIT_IGNORES_NOW, "injected now"),
+        "admits-limit-plus-one": (SW_AUDIT_ADMITS_LIMIT_PLUS_ONE, "expected 3 admitted"),
+        "wait-from-newest": (SW_AUDIT_WAIT_FROM_NEWEST, "longer than it must be"),
+        "never-trims": (SW_AUDIT_NO_TRIM, "refused again"),
     },
 }
 

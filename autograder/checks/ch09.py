@@ -101,6 +101,12 @@ RULES: dict[str, list[Rule]] = {
             wrong="no_limit_plus_one",
         ),
         Rule(
+            "`created_at` has microseconds, and rows a fraction of a second apart are common",
+            "check_keyset_page: the rows' created_at values are 0.250001 s apart (ties in one second); a cursor "
+            "without the microseconds lands inside its own second and repeats or skips rows",
+            "cursor_drops_microseconds",
+        ),
+        Rule(
             "Putting a version number in the cursor is good practice; it is not graded",
             "check_keyset_page: not checked (the text says it is not graded)",
             not_graded=True,
@@ -118,7 +124,7 @@ RULES: dict[str, list[Rule]] = {
             "rebuilt_sorted_by_index",
         ),
         Rule(
-            "Each of ten nodes gets within 30 % of the mean share of keys",
+            "Each of ten nodes gets within 65 % of the mean share of keys",
             "check_hash_ring: 10,000 keys over 10 nodes; the worst node's distance from the mean is reported",
             "one_point_per_node",
         ),
@@ -139,7 +145,7 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "a consistent-hash ring with virtual nodes",
-            "check_hash_ring: HashRing() with add_node/node_for; 10,000 keys over 10 nodes must lie within 30 % of the mean",
+            "check_hash_ring: HashRing() with add_node/node_for; 10,000 keys over 10 nodes must lie within 65 % of the mean",
             wrong="one_point_per_node",
         ),
         Rule(
@@ -183,10 +189,13 @@ class Table:
         self.when: dict[int, object] = {}
 
     async def fill(self, n: int, per_tie: int = 3) -> None:
-        """``n`` rows, ``per_tie`` of them sharing each created_at, ids shuffled (not in time order)."""
+        """``n`` rows, ``per_tie`` of them sharing each created_at, ids shuffled (not in time order); the
+        created_at values are 0.250001 s apart."""
         ids = [10 * (i + 1) for i in range(n)]
         self.random.shuffle(ids)
-        self.when = {id_: EPOCH + timedelta(seconds=i // per_tie) for i, id_ in enumerate(ids)}
+        # ties 0.250001 s apart: several ties within one second, and microseconds in every timestamp, so a cursor
+        # that drops them (or the fraction of a second) lands inside a tie of its own second
+        self.when = {id_: EPOCH + timedelta(microseconds=250_001 * (i // per_tie)) for i, id_ in enumerate(ids)}
         async with self.pool.connection() as conn:
             await conn.execute("TRUNCATE ch09_posts")
             async with conn.cursor() as cur:
@@ -320,7 +329,8 @@ async def _check_keyset_page(r: Report, keyset_page, pool) -> None:
                 f"{seen}. Skipped {skipped or 'none'}, repeated {repeated or 'none'}: rows that share one "
                 "created_at were lost or doubled at a page boundary. created_at alone has ties; add the unique id "
                 "as a tie-breaker, in ORDER BY and in the cursor: WHERE (created_at, id) < (%s, %s) "
-                "ORDER BY created_at DESC, id DESC"
+                "ORDER BY created_at DESC, id DESC. These rows are a fraction of a second apart: the cursor must "
+                "also keep created_at exactly, microseconds and time zone (isoformat() keeps both)"
             )
         r.fail(f"{seen}: the rows are all there but out of order; sort by created_at DESC, id DESC")
     r.ok(f"5 pages, every row once, in order; the last page has {len(got[-1])} rows and next_cursor None")
@@ -522,7 +532,10 @@ async def check_hash_ring(r: Report, HashRing) -> None:
     worst = max(NODES, key=lambda n: abs(counts[n] - mean))
     dev = abs(counts[worst] - mean) / mean
     r.expect(
-        dev <= 0.30,
+        # 65 %: with 100-200 points per node the worst node of a good hash is up to a third from the mean (blake2b,
+        # 128 points: 33 %), and crc32 of sequential labels up to 58 % ("node-0.{i}", 180 points); one point per
+        # node is 90 % or more
+        dev <= 0.65,
         f"10 nodes, 10,000 keys: the worst node ({worst}, {counts[worst]:,} keys) is {dev:.0%} from the mean of "
         f"{mean:,.0f}",
         f"10 nodes, 10,000 keys: {worst} got {counts[worst]:,} keys, {dev:.0%} from the mean of {mean:,.0f} "

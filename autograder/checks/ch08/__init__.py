@@ -71,6 +71,23 @@ RULES: dict[str, list[Rule]] = {
             "get-then-set",
         ),
         Rule(
+            "when `now` is None, the **Redis server's clock**",
+            "_subsecond_refill: now=None, a bucket of 2 at 10/s emptied, then a request 120 ms later (same second "
+            "of the server's clock) must be admitted: the microseconds of TIME count",
+            "time-seconds-only",
+        ),
+        Rule(
+            "exactly or rounded up to the millisecond",
+            "_token_bucket_hidden: capacity 2 at 3/s, the refused request's wait must be 1/3 s or 0.334, not 0.333",
+            "wait-rounded-down",
+        ),
+        Rule(
+            "`WATCH` the key before you read it",
+            "_take_inside_a_read: two requests on a bucket of 1; one is held at its WATCH (after any read before "
+            "it) while the other takes the token: exactly 1 admitted",
+            "reads-before-watch",
+        ),
+        Rule(
             "return milliseconds, or a string",
             "_check_token_bucket: a wait of a fraction of a second must come back as that fraction, not 0",
             "lua-float-truncated",
@@ -120,20 +137,69 @@ RULES: dict[str, list[Rule]] = {
             "counter-waits-for-next-window",
         ),
         Rule(
+            "A retry after that long must be admitted",
+            "_sliding_window_hidden: requests at 1.25 .. 4.25 s make the wait fractional (6.25 s): a wait truncated "
+            "to whole seconds (a Lua number in a reply) is refused when retried",
+            "lua-wait-truncated",
+        ),
+        Rule(
             "one at `max(0.5, 10%)` of it earlier must still be refused",
             "_sliding_window_hidden: the promised wait is probed before it ends",
             "wait-always-window",
         ),
         Rule(
-            "one Lua script (or `WATCH`/`MULTI`)",
+            "one Lua script (or `WATCH`/`MULTI`",
             "_sliding_window_hidden: 20 concurrent requests in lockstep (each Redis command held until every "
             "request still running has sent its own): exactly 5 admitted",
             "count-then-add",
         ),
         Rule(
-            "each with an expiry of at most `2 x window + 1` seconds",
-            "_sliding_window_hidden: the keys' TTLs are read",
+            "at most `2 x window + 1` seconds",
+            "_sliding_window_hidden: the keys' TTLs are read: at most 121 s for a 60 s window",
+            "expire-too-long",
+        ),
+        Rule(
+            "`key`, each with an expiry",
+            "_sliding_window_hidden: the keys' TTLs are read: every key has one",
             "no-expiry",
+        ),
+        Rule(
+            "`now` when given, else `redis.call('TIME')`",
+            "_check_sliding_window: (public) a retry at the injected now + the wait it said must be admitted",
+            "ignores-injected-now",
+        ),
+        Rule(
+            "at most `limit` requests admitted in any `window` seconds",
+            "_check_sliding_window: (public) limit 3 per 10 s, 4 requests at one instant: the 4th refused",
+            "admits-limit-plus-one",
+        ),
+        Rule(
+            "one at `max(0.5, 10%)` of it earlier must still be refused",
+            "_sliding_window_hidden: the promised wait is probed before it ends (a wait from the newest entry)",
+            "wait-from-newest",
+        ),
+        Rule(
+            "only admitted requests count",
+            "_check_sliding_window: (public) the retry after the wait; entries older than the window must leave it",
+            "never-trims",
+        ),
+        Rule(
+            "each with an expiry set again by every write to it",
+            "_expiry_again: the check shortens the keys' TTLs to half the window, one more admitted request must "
+            "set at least the window again",
+            "expire-only-on-create",
+        ),
+        Rule(
+            "of at least `window` and at most",
+            "_expiry_after_a_write: (public, first) one admitted request with a window of an hour; a key it wrote "
+            "must live at least 3599 s (PEXPIRE given seconds lives 3.6 s)",
+            "expire-window-as-milliseconds",
+        ),
+        Rule(
+            "the key watched before it is read",
+            "_take_inside_a_read: two requests on a limit of 1; one is held at its WATCH (after any read before "
+            "it) while the other is admitted: exactly 1 admitted",
+            "reads-before-watch",
         ),
         Rule(
             "`now` when given, else `redis.call('TIME')`",

@@ -12,13 +12,16 @@ from autograder.checks.ch08.common import (
     _calls,
     _errors,
     _in_processes,
+    _judge_stale_read,
     _many,
     _secs,
     _server_minute,
     _shape,
+    _shown,
     _skewed_turns,
     _stalls,
     _start_workers,
+    _take_inside_a_read,
     _ttls,
     _waits,
     _workers_ready,
@@ -38,23 +41,36 @@ async def check_sliding_window(r: Report, sliding_window) -> None:
 
 
 async def _check_sliding_window(r: Report, sliding_window, redis, ns) -> None:
+    # --- public: the expiry of a write, on a window of an hour ---------------------------------------
+    # First, and with a window long enough that no machine is that slow: a key set to expire in `window`
+    # milliseconds instead of seconds lives 3.6 s here, and is read well before it goes. With a 10 s window
+    # it would vanish (or not) in the middle of the next steps, depending on the machine's speed.
+    await _expiry_after_a_write(r, sliding_window, redis, "sw:hour", 3600.0)
+
     # --- public: 3 per 10 s --------------------------------------------------------------------
     got = await _calls(sliding_window, 4, redis, "sw:pub", 3, 10.0, now=T0 + 1)
     r.expect(
         [ok for ok, _ in got] == [True, True, True, False] and got[3][1] > 0,
-        f"limit 3 per 10 s, 4 requests at one instant: {_waits(got)}",
+        "limit 3 per 10 s, 4 requests at one instant: 3 admitted, the 4th refused with a wait above 0",
         f"limit 3 per 10 s, 4 requests at one instant: {_waits(got)}; expected 3 admitted, then refused with a "
         "wait above 0"
         + (
             ". Requests that share a timestamp must each count: make members unique" if all(ok for ok, _ in got) else ""
         ),
     )
+    # the wait is not printed: an answer that reads the real clock says a few milliseconds less than 10 s,
+    # how many depends on the machine
     ok, _ = _shape(await sliding_window(redis, "sw:pub", 3, 10.0, now=T0 + 1 + got[3][1] + 0.001))
     r.expect(
         ok,
-        f"after the {got[3][1]:.4g} s it said to wait: admitted",
-        f"after the {got[3][1]:.4g} s it said to wait, the retry was refused again: a client that honours "
-        "Retry-After must get through",
+        "after the wait it said (plus 1 ms): admitted",
+        f"a retry after the wait it said ({_shown(got[3][1], 10.0)} s, plus 1 ms) was refused again: a client "
+        "that honours Retry-After must get through"
+        + (
+            ". The wait is a little less than 10 s, as if time had passed: use the injected now"
+            if 9 < got[3][1] < 10
+            else ""
+        ),
     )
     if r.public:
         return
@@ -119,15 +135,17 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
     )
 
     # --- Retry-After ---------------------------------------------------------------------------------
+    # a quarter of a second past each whole second, so a wait truncated to whole seconds is too short
     key = "sw:retry"
     for k in range(1, 5):
-        await sliding_window(redis, key, 4, 10.0, now=T0 + k)
+        await sliding_window(redis, key, 4, 10.0, now=T0 + k + 0.25)
     refused, wait = _shape(await sliding_window(redis, key, 4, 10.0, now=T0 + 5))
     r.expect(
         not refused and wait > 0,
-        f"limit 4 per 10 s, requests at t=1, 2, 3, 4 s; the one at 5 s was refused, told to wait {wait:.4g} s",
-        f"limit 4 per 10 s, requests at t=1, 2, 3, 4 s; the one at 5 s returned {(refused, wait)}; expected refused "
-        "with a wait above 0",
+        f"limit 4 per 10 s, requests at t=1.25, 2.25, 3.25, 4.25 s; the one at 5 s was refused, told to wait "
+        f"{wait:.4g} s",
+        f"limit 4 per 10 s, requests at t=1.25, 2.25, 3.25, 4.25 s; the one at 5 s returned {(refused, wait)}; "
+        "expected refused with a wait above 0",
     )
     slack = max(0.5, 0.1 * wait)
     early, _ = _shape(await sliding_window(redis, key, 4, 10.0, now=T0 + 5 + wait - slack))
@@ -144,7 +162,13 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
         ontime,
         "a retry after the wait it said was admitted",
         f"a retry after the {wait:.4g} s it said was refused: a client that honours Retry-After is refused again. "
-        "(Do refused requests count? They must not: only admitted ones take a place in the window.)",
+        "(Do refused requests count? They must not: only admitted ones take a place in the window.)"
+        + (
+            " The wait is a whole number of seconds: Redis turns a Lua number into an integer in a reply (6.25 "
+            "becomes 6); return milliseconds, or a string"
+            if wait == int(wait)
+            else ""
+        ),
     )
 
     # --- expiry --------------------------------------------------------------------------------------
@@ -161,9 +185,12 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
     r.expect(
         all(v <= high * 1000 for k, v in ttls.items() if "sw:edge" in k),
         f"and none lives longer than {high:g} s for a 60 s window",
-        f"keys of a 60 s window expire in {_secs(v for k, v in ttls.items() if 'sw:edge' in k)} s; "
-        f"expected at most {high:g} s (twice the window, plus a second)",
+        # no number: seconds have passed since the last write to these keys, a different number on each run
+        f"keys of a 60 s window expire more than {high:g} s after a write; expected at most {high:g} s (twice the "
+        "window, plus a second)",
     )
+
+    await _expiry_again(r, sliding_window, redis, "sw:again", 60.0)
 
     # --- twenty concurrent requests ---------------------------------------------------------------------
     workers = await _start_workers(r, "sliding_window", ns)
@@ -190,6 +217,10 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
         ),
     )
 
+    # --- a write between another request's read and its WATCH --------------------------------------------
+    stale = await _take_inside_a_read(ns, lambda client: sliding_window(client, "sw:stale", 1, 60.0, now=T0 + 9))
+    _judge_stale_read(r, stale, "a limit of 1", "was admitted and added its entry")
+
     # --- two processes ------------------------------------------------------------------------------------
     # limit 11, odd: a read-then-write under a per-process lock admits two per round (one per replica)
     await _workers_ready(r, workers)
@@ -213,4 +244,41 @@ async def _sliding_window_hidden(r: Report, sliding_window, redis, ns, started: 
         f"{admitted} admitted, expected 5: the window took its time from the processes' clocks, and the "
         f"{abs(SKEW):g} s between them moved entries out of the window. Without now=, read the time inside the "
         "script with redis.call('TIME')",
+    )
+
+
+async def _expiry_after_a_write(r: Report, sliding_window, redis, key: str, window: float) -> None:
+    """One admitted request on a fresh key: some key it wrote must live at least ``window`` (less a second);
+    no key (state kept elsewhere) or no expiry is judged by later steps."""
+    ok, _ = _shape(await sliding_window(redis, key, 3, window, now=T0 + 1))
+    ttls = await _ttls(redis, key)
+    r.expect(
+        not ttls or any(v == -1 or v >= (window - 1) * 1000 for v in ttls.values()),
+        f"limit 3 per {window:g} s: after an admitted request, its key expires no sooner than the window",
+        f"limit 3 per {window:g} s, one {'admitted' if ok else 'refused'} request: its keys expire in "
+        f"{_secs(ttls.values())} s; expected at least {window:g} s (the entry stays in the window that long) and at "
+        f"most {2 * window + 1:g}. PEXPIRE takes milliseconds (window * 1000), EXPIRE seconds",
+    )
+
+
+async def _expiry_again(r: Report, sliding_window, redis, key: str, window: float) -> None:
+    """The check shortens the keys' TTLs to half the window, then one admitted request (injected time) must set
+    them again: an expiry set only when the key is created drops the window's entries while they still count.
+    Half the window, not a fraction of a second: a key that vanished before the request would be made anew and
+    hide the mistake on a slow run."""
+    await sliding_window(redis, key, 5, window, now=T0 + 11)
+    for name in await _ttls(redis, key):
+        await redis.pexpire(name, int(window * 500))
+    ok, _ = _shape(await sliding_window(redis, key, 5, window, now=T0 + 12))
+    ttls = await _ttls(redis, key)
+    r.note(
+        f"the check shortened the keys' TTLs to {window / 2:g} s, then made one more request (limit 5 per {window:g} s)"
+    )
+    r.expect(
+        ok and any(v == -1 or v >= (window - 1) * 1000 for v in ttls.values()),
+        "that write set the expiry again",
+        f"after that request the keys expire in {_secs(ttls.values())} s"
+        + ("" if ok else " (and it was refused, the 2nd of a limit of 5)")
+        + f"; expected at least {window:g} s: set the expiry on every write, not only when the key is created. "
+        "When the key vanishes early, the requests still in the window are forgotten and more get through",
     )
