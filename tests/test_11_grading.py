@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import assert_accepted, assert_rejected
+from tests.helpers import assert_accepted, assert_rejected, notebook_with_answers
 
 # ----------------------------------------------------------------------------- view_counter
 
@@ -42,6 +42,44 @@ class ViewCounter:
             raise
 
     async def close(self):
+        await self.flush()
+"""
+
+# A dataclass with generated __init__, annotations and no method of its own on the first lines:
+# the grader must run it (and its replicas) as the notebook does, not under the grader's own
+# ``from __future__ import annotations``.
+AS_DATACLASS = """
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ViewCounter:
+    pool: Any
+    max_views: int = 100
+    buffer: Counter = field(default_factory=Counter)
+
+    async def view(self, item_id: str) -> None:
+        self.buffer[item_id] += 1
+        if sum(self.buffer.values()) >= self.max_views:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.buffer:
+            return
+        batch, self.buffer = self.buffer, Counter()
+        try:
+            async with self.pool.connection() as conn:
+                await conn.execute(
+                    "INSERT INTO view_counts AS c (item_id, views) SELECT * FROM unnest(%s::text[], %s::bigint[]) "
+                    "ON CONFLICT (item_id) DO UPDATE SET views = c.views + EXCLUDED.views",
+                    (list(batch), list(batch.values())))
+        except Exception:
+            self.buffer.update(batch)
+            raise
+
+    async def close(self) -> None:
         await self.flush()
 """
 
@@ -479,6 +517,118 @@ async def send_message(pool, conversation_id, sender, body):
             continue  # another sender took that number: read the maximum again
 """
 
+# ----------------------------------------------------------------------------- found by the outside audit
+# The conversation row ensured with ON CONFLICT DO NOTHING, its counter read, then written back: a
+# sender whose ON CONFLICT waited on another's uncommitted update reads later than the rest, so how
+# many senders collide varies; the feedback names what went wrong, not how often.
+READ_THEN_WRITE_COUNTER = """
+import psycopg
+import asyncio
+
+async def send_message(pool, conversation_id, sender, body):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("INSERT INTO chat_conversations (id) VALUES (%s) ON CONFLICT DO NOTHING", (conversation_id,))
+        cur = await conn.execute("SELECT last_seq FROM chat_conversations WHERE id=%s", (conversation_id,))
+        (last,) = await cur.fetchone()
+        seq = last + 1
+        await conn.execute("UPDATE chat_conversations SET last_seq=%s WHERE id=%s", (seq, conversation_id))
+        await conn.execute("INSERT INTO chat_messages (conversation_id, seq, sender, body) VALUES (%s,%s,%s,%s)",
+                           (conversation_id, seq, sender, body))
+    return seq
+"""
+
+# The database's refusal is swallowed: the caller is told the message was sent.
+SWALLOWED_ERROR = """
+import psycopg
+import asyncio
+
+async def _send(pool, conversation_id, sender, body):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "INSERT INTO chat_conversations AS c (id, last_seq) VALUES (%s, 1) "
+            "ON CONFLICT (id) DO UPDATE SET last_seq = c.last_seq + 1 RETURNING last_seq", (conversation_id,))
+        (seq,) = await cur.fetchone()
+        await conn.execute("INSERT INTO chat_messages (conversation_id, seq, sender, body) VALUES (%s,%s,%s,%s)",
+                           (conversation_id, seq, sender, body))
+    return seq
+
+async def send_message(pool, conversation_id, sender, body):
+    try:
+        return await _send(pool, conversation_id, sender, body)
+    except Exception:
+        return -1
+"""
+
+# One statement: a CTE takes the number and inserts the message.
+CTE_SINGLE_STATEMENT = """
+import psycopg
+import asyncio
+
+async def send_message(pool, conversation_id, sender, body):
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "WITH s AS (INSERT INTO chat_conversations AS c (id, last_seq) VALUES (%(c)s, 1) "
+            "ON CONFLICT (id) DO UPDATE SET last_seq = c.last_seq + 1 RETURNING last_seq) "
+            "INSERT INTO chat_messages (conversation_id, seq, sender, body) "
+            "SELECT %(c)s, s.last_seq, %(s)s, %(b)s FROM s RETURNING seq",
+            {"c": conversation_id, "s": sender, "b": body})
+        return (await cur.fetchone())[0]
+"""
+
+# A per-conversation advisory lock, then max(seq) + 1.
+ADVISORY_PER_CONVERSATION = """
+import psycopg
+import asyncio
+
+async def send_message(pool, conversation_id, sender, body):
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 11))", (conversation_id,))
+        cur = await conn.execute("SELECT coalesce(max(seq), 0) + 1 FROM chat_messages WHERE conversation_id=%s", (conversation_id,))
+        (seq,) = await cur.fetchone()
+        await conn.execute("INSERT INTO chat_conversations (id, last_seq) VALUES (%s, %s) "
+                           "ON CONFLICT (id) DO UPDATE SET last_seq = EXCLUDED.last_seq", (conversation_id, seq))
+        await conn.execute("INSERT INTO chat_messages (conversation_id, seq, sender, body) VALUES (%s,%s,%s,%s)",
+                           (conversation_id, seq, sender, body))
+    return seq
+"""
+
+# One statement per flush over jsonb_each_text.
+FLUSH_JSONB = """
+from collections import Counter
+import json
+
+class ViewCounter:
+    def __init__(self, pool, max_views: int = 100):
+        self.pool = pool
+        self.max_views = max_views
+        self.buffer = Counter()
+
+    async def view(self, item_id: str) -> None:
+        self.buffer[item_id] += 1
+        if sum(self.buffer.values()) >= self.max_views:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.buffer:
+            return
+        batch, self.buffer = self.buffer, Counter()
+        try:
+            async with self.pool.connection() as conn:
+                await conn.execute(
+                    "INSERT INTO view_counts (item_id, views) "
+                    "SELECT key, value::bigint FROM jsonb_each_text(%s::jsonb) "
+                    "ON CONFLICT (item_id) DO UPDATE SET views = view_counts.views + EXCLUDED.views",
+                    (json.dumps(dict(batch)),))
+        except Exception:
+            for k, v in batch.items():
+                self.buffer[k] += v
+            raise
+
+    async def close(self) -> None:
+        await self.flush()
+
+"""
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "view_counter": {
         "one UPDATE per view": (PER_VIEW, "one write per view"),
@@ -502,10 +652,12 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "one lock for all conversations": (GLOBAL_LOCK, "one lock serialises every conversation"),
         "max(seq) + 1, three tries": (
             MAX_PLUS_ONE_THREE_TRIES,
-            '7 x UniqueViolation: duplicate key value violates unique constraint "chat_messages_pkey", 3 x a '
-            "number; returned [1, 2, 3]; stored seqs [1, 2, 3]. Senders that read max(seq) (or a counter) "
-            "before any of them wrote all picked the same number",
+            'some raised UniqueViolation: duplicate key value violates unique constraint "chat_messages_pkey"; '
+            "the stored seqs are not 1..10. Senders that read max(seq) (or a counter) before any of them wrote "
+            "all picked the same number",
         ),
+        "read the counter, write it back": (READ_THEN_WRITE_COUNTER, "all picked the same number"),
+        "the refused send returns normally": (SWALLOWED_ERROR, "returned normally, as if the message were stored"),
     },
 }
 
@@ -517,12 +669,16 @@ CORRECT: dict[str, dict[str, str]] = {
         "one statement, swap the buffer": COUNTER,
         "one transaction per flush, a lock": ONE_TRANSACTION_PER_ITEM,
         "autocommit rows, put back only the unwritten": SWALLOW_AND_KEEP,
+        "one statement over jsonb_each_text": FLUSH_JSONB,
+        "a dataclass": AS_DATACLASS,
     },
     "send_message": {
         "upsert the counter row, RETURNING": ROW_LOCK,
         "ensure the row, then UPDATE RETURNING": UPDATE_THEN_INSERT_ROW,
         "max(seq) + 1 under the conversation's row lock": MAX_PLUS_ONE_UNDER_LOCK,
         "max(seq) + 1, retried until it inserts": MAX_PLUS_ONE_RETRIED,
+        "one CTE statement": CTE_SINGLE_STATEMENT,
+        "an advisory lock per conversation": ADVISORY_PER_CONVERSATION,
     },
 }
 
@@ -539,3 +695,15 @@ def test_11_wrong_answer_is_rejected_for_its_mistake(task, name):
 @pytest.mark.parametrize(("task", "name"), _CORRECT, ids=[f"{t}: {n}" for t, n in _CORRECT])
 def test_11_correct_design_is_accepted(task, name):
     assert_accepted(task, CORRECT[task][name])
+
+
+@pytest.mark.slow
+def test_a_dataclass_answer_gets_full_marks_through_course_check(tmp_path):
+    """The real grading path (sandboxed runner, replicas made from the answer cell) runs a
+    ``@dataclass`` answer as the kernel does: under the grader's own future imports a
+    dataclass defined in a module-less cell crashed its replicas."""
+    from autograder.check import check
+
+    path = notebook_with_answers("11_counting_and_fanout", {"view_counter": AS_DATACLASS}, tmp_path)
+    scores = {t.id: (t.points, t.max_points) for t in check(path).tasks}
+    assert scores["view_counter"][0] == scores["view_counter"][1], scores

@@ -59,7 +59,7 @@ RULES: dict[str, list[Rule]] = {
             wrong="drop the batch on failure",
         ),
         Rule(
-            "commits all of it or nothing",
+            "a retry never counts a view twice",
             "check_view_counter: a flush whose 2nd row fails must not count the 1st row twice on retry",
             wrong="item by item, all put back",
         ),
