@@ -198,7 +198,7 @@ def decode_code(code):
 
 #: kept wrong solutions whose own behaviour is random (a key from os.urandom): their verdict and
 #: failures repeat on every run, the codes their feedback quotes cannot (tests/test_00_determinism.py)
-RANDOM_BY_DESIGN = {("encode_code", "key-per-process")}
+RANDOM_BY_DESIGN = {("encode_code", "key-per-process"), ("create_link", "random-id")}
 
 KEY_DRAWN_AT_START = FEISTEL.replace(
     "from course.shortener import ALPHABET, CODE_KEY, ID_SPACE",
@@ -621,6 +621,97 @@ CACHES_MISS_ON_DB_ERROR = RESOLVE.replace(
 )
 
 
+# found by an outside audit: a Feistel network whose round function ignores the key (anyone can undo it)
+KEYLESS_ROUND = FEISTEL.replace("key=CODE_KEY, digest_size=3", "digest_size=3")
+
+# the code encodes one nextval, the row takes another from the column's DEFAULT
+CODE_OF_ANOTHER_ID = ONE_TRANSACTION.replace(
+    """await conn.execute("INSERT INTO links (id, code, url) VALUES (%s, %s, %s)", (link_id, code, url))""",
+    """await conn.execute("INSERT INTO links (code, url) VALUES (%s, %s)", (code, url))""",
+)
+
+# ids drawn at random instead of from the sequence: they collide with the sequence's later ids
+RANDOM_ID = ONE_TRANSACTION.replace(
+    """(link_id,) = await (await conn.execute("SELECT nextval('link_ids')")).fetchone()""",
+    """import random; link_id = random.randrange(10**9, 10**12)""",
+)
+
+# the key claimed and committed on its own, the link made in a second transaction: a failed call
+# (alias taken) leaves the key pending forever
+CLAIM_IN_OWN_TRANSACTION = """
+import asyncio
+from psycopg.types.json import Jsonb
+from course.idempotency import IdempotencyKeyReused, RequestInProgress, request_hash
+from course.shortener import AliasTaken, encode_code
+
+async def create_link(pool, url, *, alias=None, idempotency_key=None):
+    body = {"url": url, "alias": alias}
+    if idempotency_key is not None:
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                "INSERT INTO idempotency_keys (key, request_hash, request) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING RETURNING key", (idempotency_key, request_hash(body), Jsonb(body)))
+            if await cur.fetchone() is None:
+                for _ in range(50):
+                    row = await (await conn.execute(
+                        "SELECT request_hash, status, response FROM idempotency_keys WHERE key = %s",
+                        (idempotency_key,))).fetchone()
+                    if row[0] != request_hash(body):
+                        raise IdempotencyKeyReused(idempotency_key)
+                    if row[1] == "done":
+                        return row[2]
+                    await asyncio.sleep(0.01)
+                raise RequestInProgress(idempotency_key)
+    async with pool.connection() as conn, conn.transaction():
+        if alias is None:
+            (link_id,) = await (await conn.execute("SELECT nextval('link_ids')")).fetchone()
+            code = encode_code(link_id)
+            await conn.execute("INSERT INTO links (id, code, url) VALUES (%s, %s, %s)", (link_id, code, url))
+        else:
+            cur = await conn.execute(
+                "INSERT INTO links (code, url, custom) VALUES (%s, %s, true) ON CONFLICT DO NOTHING", (alias, url))
+            if cur.rowcount == 0:
+                raise AliasTaken(alias)
+            code = alias
+        response = {"code": code, "url": url}
+        if idempotency_key is not None:
+            await conn.execute("UPDATE idempotency_keys SET status = 'done', response = %s WHERE key = %s",
+                               (Jsonb(response), idempotency_key))
+    return response
+"""
+
+# correct: a taken alias found by the unique index (UniqueViolation), the custom flag left at its default
+UNIQUE_VIOLATION_ALIAS = ONE_TRANSACTION.replace(
+    """            cur = await conn.execute(
+                "INSERT INTO links (code, url, custom) VALUES (%s, %s, true) ON CONFLICT (code) DO NOTHING RETURNING id",
+                (alias, url))
+            if await cur.fetchone() is None:
+                raise AliasTaken(alias)""",
+    """            try:
+                await conn.execute("INSERT INTO links (code, url) VALUES (%s, %s)", (alias, url))
+            except errors.UniqueViolation:
+                raise AliasTaken(alias) from None""",
+).replace(
+    "from psycopg.types.json import Jsonb\n", "from psycopg import errors\nfrom psycopg.types.json import Jsonb\n", 1
+)
+
+# the write to the cache made with redis directly: right while Redis is up (the GET through the breaker
+# already failed over when it is down), but the breaker neither counts nor stops it
+SET_OUTSIDE_BREAKER = RESOLVE.replace(
+    """        with contextlib.suppress(*DOWN):
+            await breaker.call(lambda: redis.set(key, url or "", ex=int(CACHE_TTL if url else MISS_TTL)))""",
+    """        await redis.set(key, url or "", ex=int(CACHE_TTL if url else MISS_TTL))""",
+)
+
+# a look (EXISTS) then a read (GET): a TTL running out between them turns a link into a 404
+EXISTS_THEN_GET = RESOLVE.replace(
+    """        cached = await breaker.call(lambda: redis.get(key))""",
+    """        cached = None
+        if await breaker.call(lambda: redis.exists(key)):
+            cached = await breaker.call(lambda: redis.get(key))
+            return cached or None""",
+)
+
 CORRECT: dict[str, dict[str, str]] = {
     "encode_code": {
         "feistel": FEISTEL,
@@ -630,6 +721,7 @@ CORRECT: dict[str, dict[str, str]] = {
     "create_link": {
         "one-transaction": ONE_TRANSACTION,
         "pending-claim": PENDING_CLAIM,
+        "unique-violation-alias": UNIQUE_VIOLATION_ALIAS,
     },
     "resolve": {
         "sentinel": RESOLVE,
@@ -651,6 +743,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "no-padding": (NO_PADDING, "pad"),
         "no-decode-validation": (NO_DECODE_VALIDATION, "expected ValueError"),
         "hashed": (HASHED, "KeyError"),
+        "keyless-round": (KEYLESS_ROUND, "another CODE_KEY"),
     },
     "create_link": {
         "check-then-insert-alias": (CHECK_THEN_INSERT_ALIAS, "ON CONFLICT"),
@@ -660,6 +753,9 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "no-hash": (NO_HASH_COMPARE, "IdempotencyKeyReused"),
         "hash-without-alias": (HASH_WITHOUT_ALIAS, "alias included"),
         "max-id": (MAX_ID_PLUS_ONE, "nextval"),
+        "code-of-another-id": (CODE_OF_ANOTHER_ID, "the link's own id"),
+        "random-id": (RANDOM_ID, "never handed out"),
+        "claim-in-own-transaction": (CLAIM_IN_OWN_TRANSACTION, "one transaction"),
     },
     "resolve": {
         "caches-miss-on-db-error": (CACHES_MISS_ON_DB_ERROR, "afterwards it returned None"),
@@ -674,6 +770,8 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "in-process": (IN_PROCESS_CACHE, "one process"),
         "db-error-as-miss": (DB_ERROR_AS_MISS, "503"),
         "redis-errors-only": (REDIS_ERRORS_ONLY, "CircuitOpenError"),
+        "set-outside-breaker": (SET_OUTSIDE_BREAKER, "outside breaker.call"),
+        "exists-then-get": (EXISTS_THEN_GET, "EXISTS (or TTL)"),
     },
 }
 

@@ -580,11 +580,47 @@ TOP_MISSING_IS_ZERO = TOP_SOLUTION.replace("(None if rank is None else rank + 1)
 REBUILD_RETURNS_NOTHING = REBUILD_SOLUTION.replace("            return written", "            return None")
 
 
+# found by an outside audit ---------------------------------------------------------------------------
+# NX adds a player once and never moves them: passes while every later write is an older total
+RECORD_ZADD_NX = RECORD_SOLUTION.replace("gt=True", "nx=True")
+
+# a callable object instead of a function (the replicas run the cell that defined its class)
+RECORD_CALLABLE_OBJECT = (
+    HEADER
+    + """
+class Recorder:
+    EVENT = ("INSERT INTO leaderboard_events (event_id, player, points, at) "
+             "VALUES (%(event_id)s, %(player)s, %(points)s, %(at)s) ON CONFLICT (event_id) DO NOTHING")
+    TOTAL = ("INSERT INTO leaderboard_scores AS t (player, points, reached_at) VALUES (%(player)s, %(points)s, %(at)s) "
+             "ON CONFLICT (player) DO UPDATE SET points = t.points + excluded.points, "
+             "reached_at = greatest(t.reached_at, excluded.reached_at) RETURNING t.points, t.reached_at")
+
+    async def __call__(self, pool, r, event) -> bool:
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute(self.EVENT, event)
+                if cur.rowcount != 1:
+                    return False
+                total, reached = await (await conn.execute(self.TOTAL, event)).fetchone()
+        await r.zadd(BOARD, {event["player"]: encode(total, reached)}, gt=True)
+        return True
+
+record_score = Recorder()
+"""
+)
+
+# NX leaves a player who is on the board behind PostgreSQL where they are
+REBUILD_ZADD_NX = REBUILD_SOLUTION.replace("gt=True", "nx=True")
+
+# the aside-then-merge design without its last step: the scratch key stays in Redis
+REBUILD_SCRATCH_LEFT_BEHIND = REBUILD_ASIDE_THEN_MERGE.replace("    await r.delete(scratch)\n    return", "    return")
+
 CORRECT: dict[str, dict[str, str]] = {
     "record_score": {
         "zadd-gt-after-commit": RECORD_SOLUTION,
         "zadd-under-row-lock": RECORD_UNDER_ROW_LOCK,
         "lua-keep-max": RECORD_LUA_MAX,
+        "callable-object": RECORD_CALLABLE_OBJECT,
     },
     "top_and_rank": {
         "multi-pipeline": TOP_SOLUTION,
@@ -625,6 +661,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "stale-write-overwrites": (RECORD_STALE_OVERWRITE, "ZADD ... GT"),
         "zincrby-deltas-first-event-race": (RECORD_ZINCRBY_DELTA, "ZINCRBY"),
         "zincrby-deltas-do-not-heal": (RECORD_ZINCRBY_DELTA_LOCKED, "heals itself"),
+        "zadd-nx": (RECORD_ZADD_NX, "GT is the flag"),
     },
     "top_and_rank": {
         "missing-is-zero": (TOP_MISSING_IS_ZERO, "expected None"),
@@ -644,6 +681,8 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "one-zadd-per-player": (REBUILD_ONE_BY_ONE, "many players per ZADD"),
         "flushdb": (REBUILD_FLUSHDB_FIRST, "(FLUSHDB)"),
         "locks-writers": (REBUILD_LOCKS_WRITERS_OUT, "must not stop the game"),
+        "zadd-nx": (REBUILD_ZADD_NX, "stayed behind"),
+        "scratch-key-left-behind": (REBUILD_SCRATCH_LEFT_BEHIND, "must be deleted"),
     },
     "merge_top": {
         "first-of-each-shard": (MERGE_FIRST_OF_EACH, "first entry"),

@@ -75,6 +75,18 @@ RULES: dict[str, list[Rule]] = {
             "key-per-process",
         ),
         Rule(
+            "use `CODE_KEY` (bytes) as the key",
+            "check_codes: a replica of the cell configured with another CODE_KEY (in the notebook's names and in "
+            "course.shortener) must give other codes",
+            "keyless-round",
+        ),
+        Rule(
+            "One more replica is configured with another `CODE_KEY`: its codes must differ from yours",
+            "check_codes: _with_key runs the cell again with CODE_KEY swapped; fewer than a tenth of 200 codes may "
+            "stay the same",
+            "keyless-round",
+        ),
+        Rule(
             "one of them in another Python process",
             "check_codes: a replica in a fresh process with another PYTHONHASHSEED must give the same codes and "
             "decode yours (hash() of str or bytes differs between processes)",
@@ -99,9 +111,25 @@ RULES: dict[str, list[Rule]] = {
             "key-in-process",
         ),
         Rule(
-            "an id from the sequence (`SELECT nextval('link_ids')`)",
+            "take it from the sequence (`SELECT nextval('link_ids')`)",
             "_check_create_link: 12 links created at once, inserts held until all wait (gated): 12 codes",
             "max-id",
+        ),
+        Rule(
+            "the code is `encode_code(id)` of the link's own id",
+            "_check_codes_are_ids: each of the 12 links' codes must decode (shortener.decode_code or the notebook's "
+            "decode_code) to the row's id",
+            "code-of-another-id",
+        ),
+        Rule(
+            "insert the row with that id",
+            "_check_codes_are_ids: the 12 links' ids must be at most the sequence's last_value",
+            "random-id",
+        ),
+        Rule(
+            "A call that fails (its alias is taken) leaves no claim behind",
+            "_check_create_link: a taken alias with one idempotency key, twice: AliasTaken both times",
+            "claim-in-own-transaction",
         ),
         Rule(
             "if it is taken, raise `AliasTaken(alias)`",
@@ -174,6 +202,18 @@ RULES: dict[str, list[Rule]] = {
             "miss-without-ttl",
         ),
         Rule(
+            "Send **every** Redis command through it",
+            "_check_resolve: the breakers the check hands out mark the commands sent inside their calls; a command "
+            "sent outside breaker.call is counted even while Redis is up",
+            "set-outside-breaker",
+        ),
+        Rule(
+            "test what Redis returned with `is None` (nothing cached)",
+            "_check_resolve: a cached link's key is deleted right after an EXISTS/TTL of it (a TTL running out "
+            "between two commands); the redirect must still find the link",
+            "exists-then-get",
+        ),
+        Rule(
             "test what Redis returned with `is None`",
             "_check_resolve: a cached miss ('') must be served from Redis, not looked up again",
             "truthy-miss",
@@ -213,7 +253,15 @@ RULES: dict[str, list[Rule]] = {
 
 #: The course's own answers: a learner who only calls one of these earns nothing for the task.
 REFERENCES: dict[str, list[str]] = {
-    "encode_code": ["course.shortener:encode_code", "course.shortener:decode_code"],
+    "encode_code": [
+        "course.shortener:encode_code",
+        "course.shortener:decode_code",
+        # the keyed shuffle itself (base62 alone is the chapter's "failure first" and stays allowed)
+        "course.shortener:shuffle",
+        "course.shortener:unshuffle",
+        "course.shortener:feistel",
+        "course.shortener:unfeistel",
+    ],
     "create_link": ["course.shortener:create_link"],
     "resolve": ["course.shortener:resolve"],
 }

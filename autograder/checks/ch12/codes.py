@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
-from autograder.harness import Report, error_line, task
+from autograder.harness import Report, error_line, replica, task
 from autograder.probes import in_fresh_process
 from course import shortener
 from course.chapters import ch12
 
 ALPHABET = set(shortener.ALPHABET)
 TOP = shortener.ID_SPACE
+OTHER_KEY = b"another deployment's secret key"  # a replica configured with this key must make other codes
+
+
+def _with_key(r: Report, key: bytes, ids: list[int]) -> list:
+    """The codes of ``ids`` from a replica of the answer cell run with ``CODE_KEY = key`` (in the notebook's
+    names and in course.shortener, wherever the cell takes it from)."""
+    saved_ns, saved_mod = r.namespace.get("CODE_KEY"), shortener.CODE_KEY
+    r.namespace["CODE_KEY"] = shortener.CODE_KEY = key
+    try:
+        encode = replica(r.namespace, "encode_code")
+        return [encode(n) for n in ids]
+    finally:
+        shortener.CODE_KEY = saved_mod
+        if saved_ns is None:
+            r.namespace.pop("CODE_KEY", None)
+        else:
+            r.namespace["CODE_KEY"] = saved_ns
 
 
 def _is_code(value) -> bool:
@@ -143,6 +160,19 @@ async def check_codes(r: Report, encode_code, decode_code) -> None:
         f"a second replica of your cell gives the same code for {same} of {len(probe)} ids, and a third decodes "
         f"{across} of {len(probe)} of the first one's codes: the key or the shuffle is drawn when the cell runs, "
         "so each replica of the service makes codes the others cannot resolve. Use the configured CODE_KEY",
+    )
+    # the key: a replica configured with another CODE_KEY must make other codes (a shuffle that ignores the
+    # key is one anybody who knows the algorithm can undo)
+    keyed = _with_key(r, OTHER_KEY, probe)
+    unchanged = sum(c == encode_code(n) for c, n in zip(keyed, probe, strict=True))
+    r.expect(
+        unchanged < len(probe) // 10,
+        "a replica of your cell configured with another CODE_KEY makes other codes (the shuffle is keyed)",
+        f"a replica of your cell configured with another CODE_KEY gives the same code for {unchanged} of "
+        f"{len(probe)} ids: the shuffle does not depend on the key, so anyone who knows the algorithm (a Feistel "
+        "network is in every textbook) can compute every code. Likely causes: a round function hashed without "
+        "the key (hashlib.blake2b(..., key=CODE_KEY), or hmac.new(CODE_KEY, ...)), or a key copied into the cell "
+        "as a literal; use CODE_KEY",
     )
     # another process, whose hash() of a str or bytes differs (PYTHONHASHSEED): the replicas above share
     # this process's, so a round function built on hash() would agree with itself there and only there

@@ -182,6 +182,7 @@ async def _check_create_link(r: Report, create_link, pool, watcher) -> None:
         f"12 different links created at once: {tally(results, ok='a link')}, {len(codes)} different codes, "
         f"{count} rows. Take ids from the sequence (nextval('link_ids')), never from max(id) + 1 or count(*)",
     )
+    await _check_codes_are_ids(r, pool, made)
 
     # --- custom aliases --------------------------------------------------------------------------------
     link = await create_link(pool, "https://example.com/sale", alias="spring-sale")
@@ -200,6 +201,30 @@ async def _check_create_link(r: Report, create_link, pool, watcher) -> None:
         taken,
         f"the alias again, for another URL: {outcome}",
         f"the alias again, for another URL, {outcome}; expected AliasTaken (409)",
+    )
+
+    # --- a call that fails leaves its key behind it free ------------------------------------------------
+    outcomes = []
+    for _ in range(2):
+        try:
+            got = await create_link(pool, "https://example.com/late", alias="spring-sale", idempotency_key="key-late")
+            outcomes.append(f"returned {got!r}")
+        except Exception as err:  # noqa: BLE001 - any error is reported
+            pending = isinstance(err, RequestInProgress)
+            outcomes.append("AliasTaken" if _taken(err) and not pending else f"raised {error_line(err, 100)}")
+    r.expect(
+        outcomes == ["AliasTaken", "AliasTaken"],
+        "a taken alias with idempotency_key='key-late', twice: AliasTaken both times (the failed call left its key "
+        "free, or stored the refusal)",
+        f"a taken alias with idempotency_key='key-late', twice: {outcomes[0]}, then {outcomes[1]}; expected "
+        "AliasTaken both times. "
+        + (
+            "The first call failed but its key stayed claimed (pending), so the same request can never get an "
+            "answer. Likely cause: the key claimed in a transaction of its own, committed before the link was "
+            "made; claim the key and create the link in one transaction, so a failure rolls the claim back"
+            if outcomes[0] == "AliasTaken" and outcomes[1] != "AliasTaken" and not outcomes[1].startswith("returned")
+            else "A taken alias must raise AliasTaken, with or without a key"
+        ),
     )
 
     r.note("10 concurrent creates of alias 'launch-day' for 10 different URLs, inserts held until all wait")
@@ -236,4 +261,42 @@ async def _check_create_link(r: Report, create_link, pool, watcher) -> None:
         "exactly one caller got the alias, 9 got AliasTaken",
         f"10 concurrent creates of one alias: {tally(results, ok='a link')}; links holds {len(rows)} row(s) for "
         f"it. Expected 1 link and 9 x AliasTaken{hint}",
+    )
+
+
+async def _check_codes_are_ids(r: Report, pool, made: list) -> None:
+    """Each generated code is encode_code of the link's own id, an id the sequence handed out."""
+    decoders = [shortener.decode_code]
+    own = r.namespace.get("decode_code")
+    if callable(own) and own is not shortener.decode_code:
+        decoders.append(own)
+    async with pool.connection() as conn:
+        (last,) = await (await conn.execute("SELECT last_value FROM link_ids")).fetchone()
+        cur = await conn.execute("SELECT id, code FROM links WHERE code = ANY(%s)", ([x.get("code") for x in made],))
+        rows = await cur.fetchall()
+
+    def encodes(link_id: int, code: str) -> bool:
+        for decode in decoders:
+            try:
+                if decode(code) == link_id:
+                    return True
+            except Exception:  # noqa: BLE001, S112 - a decoder that refuses the code does not match it
+                continue
+        return False
+
+    beyond = [(i, c) for i, c in rows if i > last]
+    other = [(i, c) for i, c in rows if i <= last and not encodes(i, c)]
+    r.expect(
+        bool(rows) and not beyond and not other,
+        "each of those codes is encode_code of its link's own id, taken from the sequence",
+        (
+            f"{len(beyond)} of those links have an id the sequence never handed out (above its last_value): take "
+            "the id from SELECT nextval('link_ids'), not from random or a counter of your own"
+            if beyond
+            else f"{len(other)} of those links have a code that is not encode_code of the link's own id. Likely "
+            "cause: nextval taken for the code, then the row inserted without that id, so the column's DEFAULT "
+            "took another; insert the id you encoded"
+            if other
+            else "the created links were not found in the links table by their codes"
+        ),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+import math
 import random
 
 import psycopg
@@ -20,11 +22,31 @@ from course.kit.faults import VirtualClock
 
 # ============================================================================ resolve
 
+#: set while a breaker the check handed out runs a call: a Redis command sent without it went around the breaker
+_IN_BREAKER: contextvars.ContextVar[bool] = contextvars.ContextVar("in_breaker", default=False)
+
 
 class _Switch:
     def __init__(self) -> None:
         self.calls = 0
         self.down = False
+        self.outside = 0  # Redis commands sent outside breaker.call
+        self.expire_after_probe = False  # delete the key right after an EXISTS/TTL/PTTL that looked at it
+        self.probed = False  # the expiry above happened
+
+
+PROBES = {"EXISTS", "TTL", "PTTL", "TYPE"}  # commands that look at a key without reading its value
+
+
+class _WatchedBreaker(CircuitBreaker):
+    """The course's breaker; it marks the commands sent inside its calls."""
+
+    async def call(self, fn):
+        token = _IN_BREAKER.set(True)
+        try:
+            return await super().call(fn)
+        finally:
+            _IN_BREAKER.reset(token)
 
 
 class _CheckPipeline(Pipeline):
@@ -32,6 +54,7 @@ class _CheckPipeline(Pipeline):
 
     async def execute(self, raise_on_error: bool = True):
         self.switch.calls += 1
+        self.switch.outside += not _IN_BREAKER.get()
         if self.switch.down:
             raise redis.exceptions.ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
         return await super().execute(raise_on_error)
@@ -44,9 +67,15 @@ class _CheckRedis(aioredis.Redis):
 
     async def execute_command(self, *args, **options):
         self.switch.calls += 1
+        self.switch.outside += not _IN_BREAKER.get()
         if self.switch.down:
             raise redis.exceptions.ConnectionError("Error 111 connecting to redis:6379. Connection refused.")
-        return await super().execute_command(*args, **options)
+        result = await super().execute_command(*args, **options)
+        if self.switch.expire_after_probe and args and str(args[0]).upper() in PROBES and len(args) > 1:
+            # the key expires right after the look: what a TTL running out between two commands does
+            self.switch.expire_after_probe, self.switch.probed = False, True
+            await super().execute_command("DEL", *args[1:])
+        return result
 
     def pipeline(self, transaction: bool = True, shard_hint=None):
         pipe = _CheckPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
@@ -100,7 +129,7 @@ async def _check_resolve(r: Report, resolve, redis, cache: _Switch, pool, db: _S
     clock = VirtualClock()
 
     def breaker() -> CircuitBreaker:
-        return CircuitBreaker(0.5, 4, 30.0, min_calls=4, clock=clock, is_failure=shortener.redis_failure, name="redis")
+        return _WatchedBreaker(0.5, 4, 30.0, min_calls=4, clock=clock, is_failure=shortener.redis_failure, name="redis")
 
     rnd = random.Random(r.random.getrandbits(32))
     codes = [shortener.encode_code(rnd.randrange(1, TOP)) for _ in range(8)]
@@ -181,8 +210,10 @@ async def _check_resolve(r: Report, resolve, redis, cache: _Switch, pool, db: _S
     r.expect(
         bool(miss_keys) and 0 < miss_ttl <= 300_000 and miss_ttl < ttl,
         "the miss is cached in Redis for at most 5 minutes, shorter than a link",
-        f"the cached miss: keys {sorted(miss_keys)[:2]}, PTTL {miss_ttl} ms; expected a key in Redis that expires "
-        "within 5 minutes, sooner than a link's, so a link made later shows up soon",
+        f"the cached miss: keys {sorted(miss_keys)[:2]}, "
+        + ("no TTL (PTTL -1)" if miss_ttl < 0 else f"expiring in about {math.ceil(miss_ttl / 1000)} s")
+        + "; expected a key in Redis that expires within 5 minutes, sooner than a link's, so a link made later "
+        "shows up soon",
     )
     q4 = db.calls
     got = await twin(other_missing, redis, pool, breaker())
@@ -205,6 +236,19 @@ async def _check_resolve(r: Report, resolve, redis, cache: _Switch, pool, db: _S
     )
 
     # --- Redis down ------------------------------------------------------------------------------------
+    # --- a cached link whose key expires between a look (EXISTS) and the read (GET) -----------------------
+    cache.expire_after_probe = True
+    (got,) = await calls(a)
+    cache.expire_after_probe = False
+    r.expect(
+        got == urls[a],
+        "a cached link whose key expires in the middle of a redirect still resolves",
+        f"resolve({a!r}) returned {got!r} for a link that exists: the check deleted its key right after your "
+        f"{'EXISTS (or TTL)' if cache.probed else 'first command'}, as a TTL running out between two commands "
+        "does, and the next read found nothing. Likely cause: a look (EXISTS) then a read (GET); read once with "
+        "GET and test what it returned with `is None`",
+    )
+
     r.note("Redis now refuses every connection; the breaker you get opens at 2 failures in its last 4 calls, 30 s")
     cache.down = True
     c0 = cache.calls
@@ -283,4 +327,12 @@ async def _check_resolve(r: Report, resolve, redis, cache: _Switch, pool, db: _S
     db.down = cache.down = False
     r.expect(
         raised, f"both down: {outcome}", f"with Redis and PostgreSQL both down resolve {outcome}; expected an error"
+    )
+    r.expect(
+        cache.outside == 0,
+        "every Redis command went through breaker.call",
+        f"{cache.outside} Redis command(s) were sent outside breaker.call (the redirects were right while Redis was "
+        "up): the breaker neither counts their failures nor stops them when it is open, and one raised while Redis "
+        "is down fails the redirect. Likely cause: a write to the cache (SET) made with redis directly; send every "
+        "command as await breaker.call(lambda: redis...)",
     )

@@ -68,6 +68,11 @@ RULES: dict[str, list[Rule]] = {
             "raw-points-ties-by-name",
         ),
         Rule(
+            "with the score `encode(points, reached_at)` of the total in PostgreSQL",
+            "_check_record_score: cy's board score after its second (sequential) event must be encode(15, 500)",
+            "zadd-nx",
+        ),
+        Rule(
             "The board must never go backwards",
             "_check_record_score: five events of one player at once, their board writes held and released in "
             "reverse (highest score first; gated)",
@@ -174,6 +179,16 @@ RULES: dict[str, list[Rule]] = {
             "locks-writers",
         ),
         Rule(
+            "a scratch key of your own is fine if you delete it before you return",
+            "_check_rebuild_board: the keys in Redis after the rebuild, besides the board, must be the ones before it",
+            "scratch-key-left-behind",
+        ),
+        Rule(
+            "all of it, or only its latest writes",
+            "_check_rebuild_board: the second rebuild finds 5 players one point behind PostgreSQL and must raise them",
+            "zadd-nx",
+        ),
+        Rule(
             "touch no other key",
             "_check_rebuild_board: config:season and leaderboard:eu are read after the rebuild; FLUSHDB is seen "
             "by the reader",
@@ -232,8 +247,8 @@ RULES: dict[str, list[Rule]] = {
 
 #: The course's own answers: a learner who only calls one of these earns nothing for the task.
 REFERENCES: dict[str, list[str]] = {
-    "record_score": ["course.leaderboard:record"],
-    "top_and_rank": ["course.leaderboard:top_and_rank"],
+    "record_score": ["course.leaderboard:record", "course.leaderboard:record_batch"],
+    "top_and_rank": ["course.leaderboard:top_and_rank", "course.leaderboard:top", "course.leaderboard:rank"],
     "rebuild_board": ["course.leaderboard:rebuild"],
     "merge_top": ["course.leaderboard:merge_top"],
 }

@@ -161,6 +161,16 @@ async def _check_record_score(r: Report, record_score, ns, pool, plain, learner,
         "expected (15, 500) and dee (15 at 450) above cy: a total is reached at the latest of its events "
         "(GREATEST(reached_at, at)), whatever order they arrive in",
     )
+    cy_board = (await _board(plain)).get("cy")
+    if totals.get("cy") == (15, 500):
+        r.expect(
+            cy_board == lb.encode(15, 500),
+            f"cy's second event moved cy on the board to its new total: {lb.encode(15, 500)} (= encode(15, 500))",
+            f"cy's second event (one after the other, nothing concurrent) left cy on the board at {_show(cy_board)}, "
+            f"expected {lb.encode(15, 500)} (= encode(15, 500), the total PostgreSQL holds): the board did not take "
+            "a player's new, higher total. ZADD ... NX (or XX) adds only new (or only existing) members; GT is the "
+            "flag that lets a higher score replace a lower one",
+        )
 
     # --- concurrent events of one player: writes that race to the board ---------------------
     points = [7, 11, 13, 17, 19]
@@ -188,8 +198,14 @@ async def _check_record_score(r: Report, record_score, ns, pool, plain, learner,
     r.expect(
         totals.get("ivy") == want_total,
         f"PostgreSQL has ivy at {want_total}",
-        f"PostgreSQL has ivy at {totals.get('ivy')}, expected {want_total}: concurrent events of one player lost "
-        "an update. Add in one statement (points = points + EXCLUDED.points) in the transaction that claims the event",
+        (
+            f"PostgreSQL has ivy at {'fewer' if (totals.get('ivy') or (0, 0))[0] < want_total[0] else 'other'} points "
+            f"than the five events add up to (expected {want_total}; which total survived depends on how the held "
+            "writes were scheduled): concurrent events of one player lost an update. Likely causes: the total read "
+            "(SELECT), added to in Python and written back, so each write overwrote the others; add in one statement "
+            "(points = points + EXCLUDED.points), or read with SELECT ... FOR UPDATE, in the transaction that claims "
+            "the event"
+        ),
     )
     want = lb.encode(*want_total)
     got = board.get("ivy")
