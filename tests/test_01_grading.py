@@ -81,7 +81,7 @@ def is_retryable(err):
         status = getattr(err, "status", None)
     if type(status) is not int:
         return False
-    return status in (408, 429) or (status >= 500 and status not in (501, 505))
+    return status in (408, 429) or (500 <= status <= 599 and status not in (501, 505))
 """,
 }
 
@@ -218,6 +218,32 @@ def is_retryable(err):
     return isinstance(s, int) and not isinstance(s, bool) and (s in (408, 429) or (s >= 500 and s not in (501, 505)))
 """,
         "TimeoutError() -> False",
+    ),
+    "5xx as any status from 500 up": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (httpx.PoolTimeout, httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
+        return False
+    if isinstance(err, (TimeoutError, httpx.TransportError, ConnectionError)):
+        return True
+    s = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
+    return isinstance(s, int) and (s in (408, 429) or (s >= 500 and s not in (501, 505)))
+""",
+        "status=600 -> True",
+    ),
+    "every OSError as a connection error": (
+        """
+import httpx
+def is_retryable(err):
+    if isinstance(err, (httpx.PoolTimeout, httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
+        return False
+    if isinstance(err, (TimeoutError, httpx.TransportError, OSError)):
+        return True
+    s = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else getattr(err, "status", None)
+    return isinstance(s, int) and (s in (408, 429) or (500 <= s <= 599 and s not in (501, 505)))
+""",
+        "FileNotFoundError",
     ),
     "not done": ('def is_retryable(err):\n    raise NotImplementedError("not done yet")\n', "not done yet"),
 }
@@ -644,6 +670,26 @@ def test_01_retry_test_sees_through_a_vacuous_zip():
 
 
 RETRY_TEST_WRONG = {
+    "compares against the course's with_retry": (
+        TEST_HEAD
+        + """
+from course.retry import with_retry as reference
+async def test_survives_three_of_five_failures(with_retry):
+    for schedule in ("fail fail fail ok ok", "fail fail fail fail fail fail", "404 ok"):
+        for kwargs in ({}, {"retries": 2}, {"max_delay": 0.15}):
+            seen = []
+            for impl in (with_retry, reference):
+                clock = VirtualClock()
+                dep = FlakyDependency(Schedule(schedule), clock=clock)
+                try:
+                    out = await impl(dep, sleep=clock.sleep, rand=random.Random(3).random, **kwargs)
+                except DependencyError as err:
+                    out = ("raised", err.status)
+                seen.append((out, dep.count, [round(s, 9) for s in clock.sleeps]))
+            assert seen[0] == seen[1], seen
+""",
+        "calls the course's own",
+    ),
     "fails against a correct with_retry": (
         TEST_HEAD
         + """

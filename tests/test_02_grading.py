@@ -54,8 +54,9 @@ class CircuitBreaker:
         self.state, self.opened_at, self.probe_out = "closed", 0.0, False
         self._reset()
 
-    def _reset(self):
+    def _reset(self):  # on every open and close: calls in flight from before no longer count
         self.ring, self.pos, self.seen = [False] * self.size, 0, 0
+        self.gen = getattr(self, "gen", 0) + 1
 
     def _note(self, failed):
         self.ring[self.pos] = failed
@@ -88,13 +89,14 @@ class CircuitBreaker:
             self.state = "closed"
             self._reset()
             return result
+        gen = self.gen
         try:
             result = await fn()
         except Exception as err:
-            if self.state == "closed":
+            if self.state == "closed" and gen == self.gen:
                 self._note(self.is_failure(err))
             raise
-        if self.state == "closed":
+        if self.state == "closed" and gen == self.gen:
             self._note(False)
         return result
 """
@@ -110,6 +112,7 @@ class CircuitBreaker:
         self._window = deque(maxlen=window_size)
         self._opened_at = None
         self._gate = asyncio.Lock()
+        self._epoch = 0  # bumped on every open and close
 
     @property
     def state(self):
@@ -121,15 +124,17 @@ class CircuitBreaker:
 
     async def call(self, fn):
         if self._opened_at is None:
+            epoch = self._epoch
             try:
                 result = await fn()
             except Exception as err:
-                if self._opened_at is None:
+                if self._opened_at is None and epoch == self._epoch:
                     self._window.append(self.is_failure(err))
                     if len(self._window) == self.window_size and sum(self._window) >= self.threshold * self.window_size:
                         self._opened_at = self.clock()
+                        self._epoch += 1
                 raise
-            if self._opened_at is None:
+            if self._opened_at is None and epoch == self._epoch:
                 self._window.append(False)
             return result
         if self.state == "open" or self._gate.locked():
@@ -147,6 +152,7 @@ class CircuitBreaker:
                 error = None
             self._opened_at = None
             self._window.clear()
+            self._epoch += 1
             if error is not None:
                 raise error
             return result
@@ -209,19 +215,41 @@ STALE_COOLDOWN = breaker_mutant(
 )
 
 IGNORES_NON_FAILURES = breaker_mutant(
-    """            self._record(failed=self.is_failure(err), probe=probe)""",
+    """            self._record(failed=self.is_failure(err), probe=probe, generation=generation)""",
     """            if self.is_failure(err) or probe:  # "a 404 tells us nothing": left out of the window
-                self._record(failed=self.is_failure(err), probe=probe)""",
+                self._record(failed=self.is_failure(err), probe=probe, generation=generation)""",
 )
 
 LATE_SUCCESS_CLOSES = breaker_mutant(
-    """        if self.state != "closed":
-            return  # a call that started before the breaker opened""",
+    """        if self.state != "closed" or generation != self.generation:
+            return  # a call that started before the breaker opened (or before it closed again)""",
     """        if self.state != "closed":
             if not failed:  # "it worked, so payments is back"
                 self.state = "closed"
                 self.window.clear()
             return""",
+)
+
+# knows a call is stale only while the breaker is not closed: one that ends after a probe closed it counts again
+LATE_FAILURE_IN_FRESH_WINDOW = breaker_mutant(
+    """        if self.state != "closed" or generation != self.generation:""",
+    """        if self.state != "closed":""",
+)
+
+# "the probe got an error, so payments is not back": a 404 answer reopens the breaker
+PROBE_404_REOPENS = breaker_mutant(
+    """            self._record(failed=self.is_failure(err), probe=probe, generation=generation)""",
+    """            self._record(failed=self.is_failure(err) or probe, probe=probe, generation=generation)""",
+)
+
+# clears the probe flag on Exception only: a cancelled probe leaves the breaker half-open, rejecting everyone
+CANCELLED_PROBE_WEDGES = breaker_mutant(
+    """        except BaseException:  # cancelled: no verdict, let the next caller probe
+            if probe:
+                self.probing = False
+            raise
+""",
+    "",
 )
 
 COPIED_SKETCH = """
@@ -439,10 +467,10 @@ TRIPS_BEFORE_THE_WINDOW_FILLS = breaker_mutant(
 )
 
 WRAPS_ERRORS = breaker_mutant(
-    """            self._record(failed=self.is_failure(err), probe=probe)
+    """            self._record(failed=self.is_failure(err), probe=probe, generation=generation)
             raise
 """,
-    """            self._record(failed=self.is_failure(err), probe=probe)
+    """            self._record(failed=self.is_failure(err), probe=probe, generation=generation)
             raise RuntimeError(f"payments call failed: {err}") from err
 """,
 )
@@ -453,10 +481,10 @@ OWN_OPEN_ERROR = breaker_mutant(
 )
 
 SWALLOWS_NON_FAILURES = breaker_mutant(
-    """            self._record(failed=self.is_failure(err), probe=probe)
+    """            self._record(failed=self.is_failure(err), probe=probe, generation=generation)
             raise
 """,
-    """            self._record(failed=self.is_failure(err), probe=probe)
+    """            self._record(failed=self.is_failure(err), probe=probe, generation=generation)
             if self.is_failure(err):
                 raise
             return None  # "a 404 is not an outage": answered with nothing
@@ -589,6 +617,9 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "leaves 404s out of the window": (IGNORES_NON_FAILURES, "count as successes"),
         "a late success closes an open breaker": (LATE_SUCCESS_CLOSES, "in flight"),
         "any call that ends in half-open decides": (HALF_OPEN_DECIDED_BY_ANY_CALL, "Only the probe's outcome"),
+        "a late failure counts in the fresh window": (LATE_FAILURE_IN_FRESH_WINDOW, "closed again when it ends"),
+        "a probe answered 404 reopens it": (PROBE_404_REOPENS, "for a probe too"),
+        "a cancelled probe wedges half-open": (CANCELLED_PROBE_WEDGES, "a cancelled probe decides nothing"),
         "consecutive failures instead of a rate": (CONSECUTIVE_FAILURES, "failure rate over the last window_size"),
         "trips before the window fills": (TRIPS_BEFORE_THE_WINDOW_FILLS, "only once window_size (10) calls"),
         "wraps the dependency's errors": (WRAPS_ERRORS, "wrapped or replaced"),

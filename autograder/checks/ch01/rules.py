@@ -28,7 +28,7 @@ RULES: dict[str, list[Rule]] = {
             wrong="retries the caller bugs",
         ),
         Rule(
-            "HTTP errors whose status is 408, 429, or 5xx other than 501 and 505",
+            "HTTP errors whose status is 408, 429, or 5xx (500 to 599) other than 501 and 505",
             "check_is_retryable: 408, 429, 500-504, 599 True; 501 and 505 False, as httpx errors and as status=",
             wrong="5xx only, forgets 408 and 429",
         ),
@@ -48,9 +48,19 @@ RULES: dict[str, list[Rule]] = {
             wrong="every 5xx, 501 and 505 too",
         ),
         Rule(
+            "or 5xx (500 to 599) other than 501 and 505",
+            "check_is_retryable: status=600 and status=999 must be False (5xx is 500 to 599, not 500 and up)",
+            wrong="5xx as any status from 500 up",
+        ),
+        Rule(
             "and for anything else (bugs such as ValueError, an error whose status is not an int)",
             "check_is_retryable: ValueError, KeyError, status=None and status='503' must be False",
             wrong="converts a string status",
+        ),
+        Rule(
+            "and for anything else (bugs such as ValueError, an error whose status is not an int)",
+            "check_is_retryable: FileNotFoundError and PermissionError (OSErrors, not connection errors) must be False",
+            wrong="every OSError as a connection error",
         ),
         Rule(
             "Many of the True cases have unknown outcomes",
@@ -186,11 +196,16 @@ RULES: dict[str, list[Rule]] = {
             "check_retry_test: runs the test again against the correct version after the first run and the mutants",
             wrong="state shared between runs",
         ),
+        Rule(
+            "a test that calls the course's own course.retry.with_retry",
+            "check_retry_test: a test whose code names course.retry.with_retry (or course.retry's with_retry) fails",
+            wrong="compares against the course's with_retry",
+        ),
     ],
 }
 
 REFERENCES: dict[str, list[str]] = {
     "is_retryable": ["course.retry:is_retryable"],
     "with_retry": ["course.retry:with_retry"],
-    "retry_test": [],
+    "retry_test": ["course.retry:with_retry"],
 }

@@ -83,7 +83,7 @@ RULES: dict[str, list[Rule]] = {
             wrong="cancels calls in flight when it opens",
         ),
         Rule(
-            "and one that ends while the probe is out",
+            "one that ends while the probe is out",
             "_check_breaker: a slow call from before the breaker opened succeeds while the probe is held in flight; "
             "the breaker must stay half-open, then open when the probe fails",
             wrong="any call that ends in half-open decides",
@@ -92,6 +92,22 @@ RULES: dict[str, list[Rule]] = {
             "but their outcome no longer counts",
             "_check_breaker: that slow call's late success must leave the breaker open",
             wrong="a late success closes an open breaker",
+        ),
+        Rule(
+            "one that fails after a probe has closed the breaker again is not in the fresh window",
+            "_check_breaker: a slow call from before the breaker opened fails after a probe closed it; with 4 "
+            "failures in the next 9 calls the 10th must still go through",
+            wrong="a late failure counts in the fresh window",
+        ),
+        Rule(
+            "and for a probe (a probe answered 404 closes the breaker)",
+            "_check_breaker: after the cooldown the probe is answered 404; the 404 must reach the caller and close it",
+            wrong="a probe answered 404 reopens it",
+        ),
+        Rule(
+            "a probe whose caller is cancelled (a BaseException) decides nothing, and the next caller is the probe",
+            "_check_breaker: the probe is held in flight and cancelled; the next call must reach payments and close it",
+            wrong="a cancelled probe wedges half-open",
         ),
         Rule(
             "Once the window trips, calls must fail fast and the dependency must not be called until the cooldown passes",
