@@ -689,10 +689,363 @@ WRONG_TRANSFER = {
     ),
 }
 
+# ----------------------------------------------------------------------------- found by the outside audit
+# The reservation committed on its own, then the stock taken in a second statement: when the stock
+# update fails, a 'held' reservation stays with no unit taken (the reaper would later add one back).
+BUY_TWO_TRANSACTIONS = """
+import asyncio
+import psycopg
+from course.inventory import HOLD_SECONDS
+
+async def _existing(pool, key):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT id, status FROM inventory_reservations WHERE key=%s", (key,))
+        rid, status = await cur.fetchone()
+    return {"status": status, "reservation_id": rid}
+
+async def buy(pool, sku, buyer, key, pay):
+
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO inventory_reservations (key, sku, buyer, expires_at) "
+            "VALUES (%s,%s,%s, now() + make_interval(secs => %s)) ON CONFLICT (key) DO NOTHING RETURNING id",
+            (key, sku, buyer, HOLD_SECONDS))
+        row = await cur.fetchone()
+        if row is None:
+            return await _existing(pool, key)
+        cur = await conn.execute("UPDATE inventory_items SET stock = stock - 1 WHERE sku=%s AND stock > 0", (sku,))
+        if cur.rowcount == 0:
+            await conn.execute("DELETE FROM inventory_reservations WHERE id=%s", (row[0],))
+            return {"status": "sold_out"}
+    claimed = row[0]
+
+
+    rid = claimed
+    try:
+        payment_id = await pay(buyer, sku, rid)
+    except Exception:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING id", (rid,))
+            if await cur.fetchone() is not None:
+                await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku=%s", (sku,))
+        return {"status": "payment_failed", "reservation_id": rid}
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held' RETURNING id",
+            (payment_id, rid))
+        ok = await cur.fetchone() is not None
+    return {"status": "paid" if ok else "expired", "reservation_id": rid, "payment_id": payment_id}
+
+"""
+
+WRONG_BUY["two_transactions"] = (BUY_TWO_TRANSACTIONS, "committed separately")
+
+# isinstance(True, int) holds: True moves one cent.
+TRANSFER_BOOL_AMOUNT = """
+import asyncio
+import psycopg
+from course.idempotency import IdempotencyKeyReused, request_hash
+from course.ledger import InsufficientFunds
+
+async def transfer(pool, from_id, to_id, amount, key):
+
+    if not isinstance(amount, int):
+        raise TypeError("int")
+    if amount <= 0:
+        raise ValueError("amount")
+
+    h = request_hash({"from": from_id, "to": to_id, "amount": amount})
+    async with pool.connection() as conn, conn.transaction():
+
+        cur = await conn.execute(
+            "INSERT INTO ledger_transfers (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING id",
+            (key, h))
+        row = await cur.fetchone()
+        if row is None:
+            cur = await conn.execute("SELECT id, request_hash FROM ledger_transfers WHERE key=%s", (key,))
+            tid, old = await cur.fetchone()
+            if old != h:
+                raise IdempotencyKeyReused(key, "key reused")
+            return tid
+        tid = row[0]
+
+
+        await conn.execute("SELECT 1 FROM ledger_accounts WHERE id IN (%s, %s) ORDER BY id FOR UPDATE", (from_id, to_id))
+        cur = await conn.execute(
+            "UPDATE ledger_accounts SET balance = balance - %s WHERE id=%s AND (allow_negative OR balance >= %s)",
+            (amount, from_id, amount))
+        if cur.rowcount == 0:
+            raise InsufficientFunds("no")
+        await conn.execute("UPDATE ledger_accounts SET balance = balance + %s WHERE id=%s", (amount, to_id))
+
+
+        await conn.execute(
+            "INSERT INTO ledger_postings (transfer_id, account_id, amount) VALUES (%s,%s,%s), (%s,%s,%s)",
+            (tid, from_id, -amount, tid, to_id, amount))
+        return tid
+
+"""
+
+# The transfer row and both balances committed, the postings in a second transaction.
+TRANSFER_POSTINGS_SECOND_TRANSACTION = """
+import asyncio
+import psycopg
+from course.idempotency import IdempotencyKeyReused, request_hash
+from course.ledger import InsufficientFunds
+
+async def transfer(pool, from_id, to_id, amount, key):
+
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise TypeError("amount must be int")
+    if amount <= 0:
+        raise ValueError("amount must be positive")
+
+    h = request_hash({"from": from_id, "to": to_id, "amount": amount})
+    async with pool.connection() as conn, conn.transaction():
+
+        cur = await conn.execute(
+            "INSERT INTO ledger_transfers (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING id",
+            (key, h))
+        row = await cur.fetchone()
+        if row is None:
+            cur = await conn.execute("SELECT id, request_hash FROM ledger_transfers WHERE key=%s", (key,))
+            tid, old = await cur.fetchone()
+            if old != h:
+                raise IdempotencyKeyReused(key, "key reused")
+            return tid
+        tid = row[0]
+
+
+        await conn.execute("SELECT 1 FROM ledger_accounts WHERE id IN (%s, %s) ORDER BY id FOR UPDATE", (from_id, to_id))
+        cur = await conn.execute(
+            "UPDATE ledger_accounts SET balance = balance - %s WHERE id=%s AND (allow_negative OR balance >= %s)",
+            (amount, from_id, amount))
+        if cur.rowcount == 0:
+            raise InsufficientFunds("no")
+        await conn.execute("UPDATE ledger_accounts SET balance = balance + %s WHERE id=%s", (amount, to_id))
+
+
+        pass
+    async with pool.connection() as conn2:
+        await conn2.execute(
+            "INSERT INTO ledger_postings (transfer_id, account_id, amount) VALUES (%s,%s,%s), (%s,%s,%s)",
+            (tid, from_id, -amount, tid, to_id, amount))
+    return tid
+
+"""
+
+WRONG_TRANSFER["bool_amount"] = (TRANSFER_BOOL_AMOUNT, "an amount of True")
+WRONG_TRANSFER["postings_second_transaction"] = (TRANSFER_POSTINGS_SECOND_TRANSACTION, "postings the database refused")
+
+# A one-statement sold-out test: a CTE takes the unit, or deletes the new reservation when none is left.
+BUY_CTE_RESERVE = """
+import asyncio
+import psycopg
+from course.inventory import HOLD_SECONDS
+
+async def _existing(pool, key):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT id, status FROM inventory_reservations WHERE key=%s", (key,))
+        rid, status = await cur.fetchone()
+    return {"status": status, "reservation_id": rid}
+
+async def buy(pool, sku, buyer, key, pay):
+    async with pool.connection() as conn:
+        async with conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO inventory_reservations (key, sku, buyer, expires_at) "
+                "VALUES (%s,%s,%s, now() + make_interval(secs => %s)) ON CONFLICT (key) DO NOTHING RETURNING id",
+                (key, sku, buyer, HOLD_SECONDS))
+            row = await cur.fetchone()
+            if row is None:
+                return await _existing(pool, key)
+            cur = await conn.execute(
+                "WITH t AS (UPDATE inventory_items SET stock = stock - 1 WHERE sku=%s AND stock > 0 RETURNING 1) "
+                "DELETE FROM inventory_reservations WHERE id=%s AND NOT EXISTS (SELECT 1 FROM t) RETURNING id",
+                (sku, row[0]))
+            if await cur.fetchone() is not None:
+                return {"status": "sold_out"}
+    claimed = row[0]
+
+    rid = claimed
+    try:
+        payment_id = await pay(buyer, sku, rid)
+    except Exception:
+        async with pool.connection() as conn:
+            await conn.execute(
+                "WITH r AS (UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING sku) "
+                "UPDATE inventory_items i SET stock = i.stock + 1 FROM r WHERE i.sku = r.sku", (rid,))
+        return {"status": "payment_failed", "reservation_id": rid}
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held'",
+            (payment_id, rid))
+        status = "paid" if cur.rowcount == 1 else "expired"
+    return {"status": status, "reservation_id": rid, "payment_id": payment_id}
+"""
+
+# Sold out signalled by an exception that rolls the reservation back; a release in one CTE statement.
+BUY_ROLLBACK_BY_EXCEPTION = """
+import asyncio
+import psycopg
+from course.inventory import HOLD_SECONDS
+
+async def _existing(pool, key):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT id, status FROM inventory_reservations WHERE key=%s", (key,))
+        rid, status = await cur.fetchone()
+    return {"status": status, "reservation_id": rid}
+
+class SoldOut(Exception):
+    pass
+
+async def buy(pool, sku, buyer, key, pay):
+
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO inventory_reservations (key, sku, buyer, expires_at) "
+                "VALUES (%s,%s,%s, now() + make_interval(secs => %s)) ON CONFLICT (key) DO NOTHING RETURNING id",
+                (key, sku, buyer, HOLD_SECONDS))
+            row = await cur.fetchone()
+            if row is not None:
+                cur = await conn.execute(
+                    "UPDATE inventory_items SET stock = stock - 1 WHERE sku=%s AND stock > 0 RETURNING stock", (sku,))
+                if await cur.fetchone() is None:
+                    raise SoldOut()
+    except SoldOut:
+        return {"status": "sold_out"}
+    if row is None:
+        return await _existing(pool, key)
+    claimed = row[0]
+
+
+    rid = claimed
+    try:
+        payment_id = await pay(buyer, sku, rid)
+    except Exception:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING id", (rid,))
+            if await cur.fetchone() is not None:
+                await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku=%s", (sku,))
+        return {"status": "payment_failed", "reservation_id": rid}
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held' RETURNING id",
+            (payment_id, rid))
+        ok = await cur.fetchone() is not None
+    return {"status": "paid" if ok else "expired", "reservation_id": rid, "payment_id": payment_id}
+
+"""
+
+# A repeat answers with the status only; a paid purchase without its payment_id.
+BUY_REPEAT_WITHOUT_RESERVATION_ID = """
+import asyncio
+import psycopg
+from course.inventory import HOLD_SECONDS
+
+async def _existing(pool, key):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT id, status FROM inventory_reservations WHERE key=%s", (key,))
+        rid, status = await cur.fetchone()
+    return {"status": status}
+
+async def buy(pool, sku, buyer, key, pay):
+
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "INSERT INTO inventory_reservations (key, sku, buyer, expires_at) "
+            "VALUES (%s,%s,%s, now() + %s * interval '1 second') ON CONFLICT (key) DO NOTHING RETURNING id",
+            (key, sku, buyer, HOLD_SECONDS))
+        row = await cur.fetchone()
+        if row is not None:
+            cur = await conn.execute("UPDATE inventory_items SET stock = stock - 1 WHERE sku=%s AND stock > 0", (sku,))
+            if cur.rowcount == 0:
+                await conn.execute("DELETE FROM inventory_reservations WHERE id=%s", (row[0],))
+                return {"status": "sold_out"}
+    if row is None:
+        return await _existing(pool, key)
+    claimed = row[0]
+
+
+    rid = claimed
+    try:
+        payment_id = await pay(buyer, sku, rid)
+    except Exception:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING id", (rid,))
+            if await cur.fetchone() is not None:
+                await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku=%s", (sku,))
+        return {"status": "payment_failed", "reservation_id": rid}
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held' RETURNING id",
+            (payment_id, rid))
+        ok = await cur.fetchone() is not None
+    return {"status": "paid" if ok else "expired", "reservation_id": rid, "payment_id": payment_id}
+
+"""
+
+BUY_PAID_WITHOUT_PAYMENT_ID = """
+import asyncio
+import psycopg
+from course.inventory import HOLD_SECONDS
+
+async def _existing(pool, key):
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT id, status FROM inventory_reservations WHERE key=%s", (key,))
+        rid, status = await cur.fetchone()
+    return {"status": status, "reservation_id": rid}
+
+async def buy(pool, sku, buyer, key, pay):
+
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "INSERT INTO inventory_reservations (key, sku, buyer, expires_at) "
+            "VALUES (%s,%s,%s, now() + %s * interval '1 second') ON CONFLICT (key) DO NOTHING RETURNING id",
+            (key, sku, buyer, HOLD_SECONDS))
+        row = await cur.fetchone()
+        if row is not None:
+            cur = await conn.execute("UPDATE inventory_items SET stock = stock - 1 WHERE sku=%s AND stock > 0", (sku,))
+            if cur.rowcount == 0:
+                await conn.execute("DELETE FROM inventory_reservations WHERE id=%s", (row[0],))
+                return {"status": "sold_out"}
+    if row is None:
+        return await _existing(pool, key)
+    claimed = row[0]
+
+
+    rid = claimed
+    try:
+        payment_id = await pay(buyer, sku, rid)
+    except Exception:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING id", (rid,))
+            if await cur.fetchone() is not None:
+                await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku=%s", (sku,))
+        return {"status": "payment_failed", "reservation_id": rid}
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held' RETURNING id",
+            (payment_id, rid))
+        ok = await cur.fetchone() is not None
+    return {"status": "paid" if ok else "expired", "reservation_id": rid}
+
+"""
+
+WRONG_BUY["repeat_without_reservation_id"] = (BUY_REPEAT_WITHOUT_RESERVATION_ID, "no 'reservation_id'")
+WRONG_BUY["paid_without_payment_id"] = (BUY_PAID_WITHOUT_PAYMENT_ID, "no 'payment_id'")
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {"buy": WRONG_BUY, "transfer": WRONG_TRANSFER}
 
 CORRECT: dict[str, dict[str, str]] = {
     "buy": {
+        "a CTE decides, sold out deletes the reservation": BUY_CTE_RESERVE,
+        "sold out raised inside the transaction": BUY_ROLLBACK_BY_EXCEPTION,
         "conditional_update": BUY_CONDITIONAL,
         "for_update": BUY_FOR_UPDATE,
         "serializable_retry": BUY_SERIALIZABLE,

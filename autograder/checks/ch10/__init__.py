@@ -18,7 +18,7 @@ waits on the held account, then the second wave's takes the other account and wa
 only then is the held account released: code that locks the source account first meets a
 deadlock every time. The first transfer closes the lock cycle, and only its session has a short
 ``deadlock_timeout`` (20 ms, the check's database; the second's pool has
-:data:`SURVIVOR_DEADLOCK_TIMEOUT`), so PostgreSQL aborts the same one on every run. Its retry
+:data:`transfer.SURVIVOR_DEADLOCK_TIMEOUT`), so PostgreSQL aborts the same one on every run. Its retry
 then reads and queues while the other transfer waits at the turnstile: a balance read before the
 other committed and written back is a lost update on every run. One transfer goes each way per
 round: after the forced deadlock the survivor holds both accounts and the retry queues behind it.
@@ -35,43 +35,19 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from decimal import Decimal
 
 import psycopg
 
+from autograder.checks.ch10.common import REPLICAS, SETTLE_LIMIT, _kinds, _one
 from autograder.checks.ch10.rig import Contest, install_turnstile
 from autograder.harness import Report, error_line, task
-from course import inventory, ledger
+from course import inventory
 from course.chapters.ch10 import Race
-from course.idempotency import IdempotencyKeyReused, SimulatedCrash
+from course.idempotency import SimulatedCrash
 from course.kit import lab
 
-REPLICAS = 2
 FLASHES = ((1, 8), (6, 8))  # (units, buyers): with 6 units, a retry given up after fewer than 6 attempts sells fewer
-SURVIVOR_DEADLOCK_TIMEOUT = "5s"  # the second transfer of a round never finds the deadlock: the first does
-SETTLE_LIMIT = 2.0  # real seconds a wave may take to be held before the check moves on anyway (as chapter 03)
 IN_PROCESS = "state kept in one process is not shared"
-
-
-def _kind(x) -> str:
-    if isinstance(x, BaseException):
-        return type(x).__name__
-    if isinstance(x, dict):
-        return repr(x.get("status"))
-    if isinstance(x, int) and not isinstance(x, bool):
-        return "a transfer id"  # which caller got which id depends on who won: not part of the line
-    return repr(x)
-
-
-def _kinds(outcomes) -> str:
-    counts = Counter(_kind(x) for x in outcomes)
-    return ", ".join(f"{n} x {what}" for what, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-
-
-async def _one(pool, sql: str, params: tuple = ()):
-    async with pool.connection() as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchone()
 
 
 # ============================================================================= buy
@@ -199,7 +175,9 @@ async def _check_buy(r: Report, buy, pool, ns) -> None:
     for stock0, n in FLASHES:
         await _check_flash(r, replicas, pool, ns, stock0, n)
     await _check_payment_failures(r, buy, pool)
+    await _check_answers(r, buy, pool)
     await _check_same_key(r, replicas, pool, ns)
+    await _check_refused_reserve(r, buy, pool)
 
 
 async def _check_flash(r: Report, replicas, pool, ns, stock0: int, n: int) -> None:
@@ -331,6 +309,71 @@ async def _check_payment_failures(r: Report, buy, pool) -> None:
     )
 
 
+async def _stored(pool, key: str) -> tuple | None:
+    return await _one(pool, "SELECT id, status, payment_id FROM inventory_reservations WHERE key = %s", (key,))
+
+
+def _answers(got, want: dict) -> list[str]:
+    """What of ``want`` (key -> value) the dict ``got`` lacks or gets wrong; extra keys are fine."""
+    if not isinstance(got, dict):
+        return [f"it is not a dict: {got!r}"]
+    return [
+        f"{k!r} is {got[k]!r}, expected {v!r}" if k in got else f"no {k!r}" for k, v in want.items() if got.get(k) != v
+    ]
+
+
+def _shape(want: dict) -> str:
+    """``want`` with the reservation's id as ``<its id>``: ids come from a sequence, not from the answer's logic."""
+    return "{" + ", ".join(f"{k!r}: {'<its id>' if k == 'reservation_id' else repr(v)}" for k, v in want.items()) + "}"
+
+
+async def _check_answers(r: Report, buy, pool) -> None:
+    # --- what buy returns, key by key, and what a repeat of each kind of key returns ---------------
+    sku = "shape"
+    await inventory.stock_item(pool, sku, 2)
+    pay = Payments()
+    r.note(
+        "one purchase that pays, one whose payment times out, one whose process dies in pay; then a repeat of each key"
+    )
+    pay.plan = ["ok", "timeout", "crash"]
+    first = {}
+    for buyer in ("hal", "ian", "jo"):
+        first[buyer] = await _call_buy(buy, pool, sku, buyer, f"{buyer}-1", pay)
+    rows = {buyer: await _stored(pool, f"{buyer}-1") for buyer in ("hal", "ian", "jo")}
+    if not all(rows.values()):
+        r.fail(f"after three purchases of '{sku}' the reservations are {rows}; expected one per key")
+    (hal_id, _, hal_pay), (ian_id, _, _), (jo_id, _, _) = rows["hal"], rows["ian"], rows["jo"]
+    for buyer, want in (
+        ("hal", {"status": "paid", "reservation_id": hal_id, "payment_id": hal_pay}),
+        ("ian", {"status": "payment_failed", "reservation_id": ian_id}),
+    ):
+        wrong = _answers(first[buyer], want)
+        r.expect(
+            not wrong,
+            f"{buyer}'s purchase returned {_shape(want)}",
+            f"{buyer}'s purchase returned {first[buyer]!r}: {'; '.join(wrong)}. The task's text gives the dict for "
+            "each outcome, with the reservation's id (inventory_reservations.id) and the payment_id pay returned",
+        )
+    calls = len(pay.calls)
+    for buyer, want in (
+        ("hal", {"status": "paid", "reservation_id": hal_id}),
+        ("ian", {"status": "released", "reservation_id": ian_id}),
+        ("jo", {"status": "held", "reservation_id": jo_id}),
+    ):
+        got = await _call_buy(buy, pool, sku, buyer, f"{buyer}-1", pay)
+        wrong = _answers(got, want)
+        if len(pay.calls) != calls:
+            wrong.append(f"pay was called again ({len(pay.calls) - calls} time(s))")
+            calls = len(pay.calls)
+        r.expect(
+            not wrong,
+            f"a repeat of {buyer}-1 returned {_shape(want)}, without paying",
+            f"a repeat of key {buyer}-1, whose reservation is '{want['status']}', returned {got!r}: {'; '.join(wrong)}. "
+            "A repeat returns its reservation as it stands, {'status': <its status>, 'reservation_id': <its id>}, "
+            "without paying again",
+        )
+
+
 async def _check_same_key(r: Report, replicas, pool, ns) -> None:
     sku, n = "retry", 6
     await inventory.stock_item(pool, sku, 5)
@@ -357,244 +400,58 @@ async def _check_same_key(r: Report, replicas, pool, ns) -> None:
     )
 
 
-# ============================================================================= transfer
+#: Triggers that make the database refuse one write of the reservation step, for one sku each.
+REFUSE_RESERVE = """
+CREATE OR REPLACE FUNCTION ch10_refuse_stock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.sku = 'refused-stock' AND NEW.stock < OLD.stock THEN
+        RAISE EXCEPTION 'the database refused this stock update (injected by the check)';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE FUNCTION ch10_refuse_reservation() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.sku = 'refused-insert' THEN
+        RAISE EXCEPTION 'the database refused this reservation (injected by the check)';
+    END IF;
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS ch10_refuse_reserve ON inventory_items;
+CREATE TRIGGER ch10_refuse_reserve BEFORE UPDATE ON inventory_items
+    FOR EACH ROW EXECUTE FUNCTION ch10_refuse_stock();
+DROP TRIGGER IF EXISTS ch10_refuse_reserve ON inventory_reservations;
+CREATE TRIGGER ch10_refuse_reserve BEFORE INSERT ON inventory_reservations
+    FOR EACH ROW EXECUTE FUNCTION ch10_refuse_reservation();
+"""
 
-BANK, ALICE, BOB, CAROL, DAVE = 100, 1, 2, 3, 4
 
-
-async def _balances(pool) -> dict[int, int]:
+async def _check_refused_reserve(r: Report, buy, pool) -> None:
+    # --- one transaction: when either write of the reservation step fails, nothing stays written ------
+    refusals = (("refused-stock", "the stock update"), ("refused-insert", "the reservation's INSERT"))
+    for sku, _ in refusals:
+        await inventory.stock_item(pool, sku, 2)
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT id, balance FROM ledger_accounts ORDER BY id")
-        return {k: int(v) for k, v in await cur.fetchall()}
-
-
-async def _postings(pool, transfer_id) -> dict[int, int]:
-    async with pool.connection() as conn:
-        cur = await conn.execute(
-            "SELECT account_id, sum(amount) FROM ledger_postings WHERE transfer_id = %s GROUP BY account_id",
-            (transfer_id,),
-        )
-        return {k: int(v) for k, v in await cur.fetchall()}
-
-
-async def _counts(pool) -> tuple[int, int]:
-    row = await _one(pool, "SELECT (SELECT count(*) FROM ledger_transfers), (SELECT count(*) FROM ledger_postings)")
-    return int(row[0]), int(row[1])
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-async def _call_transfer(transfer, pool, a, b, amount, key):
+        await conn.execute(REFUSE_RESERVE)
     try:
-        return await transfer(pool, a, b, amount, key)
-    except Exception as err:  # noqa: BLE001 - reported by the check
-        return err
-
-
-def _books(rec: dict) -> str:
-    parts = []
-    if rec["unbalanced"]:
-        parts.append(f"transfer(s) whose postings do not sum to zero (id, sum): {rec['unbalanced'][:3]}")
-    if rec["drifted"]:
-        parts.append(
-            "cached balance(s) that differ from the sum of their postings (account, cached, postings): "
-            f"{rec['drifted'][:3]}"
-        )
-    return "; ".join(parts)
-
-
-@task("transfer", points=6, title="a ledger transfer that keeps every invariant", timeout=90, seed=1002)
-async def check_transfer(r: Report, transfer) -> None:
-    async with lab.scratch("ch10") as ns:
-        with psycopg.connect(ns.servers.database_url, autocommit=True) as admin:
-            admin.execute(f"ALTER DATABASE \"{ns.name}\" SET deadlock_timeout = '20ms'")
-        pool = await ns.pool(max_size=20)
-        await ledger.setup_schema(pool)
-        async with pool.connection() as conn:
-            await install_turnstile(conn, "ledger_accounts")
-        await ledger.open_account(pool, BANK, "bank", allow_negative=True)
-        for acc, name, funds in ((ALICE, "alice", 1000), (BOB, "bob", 1000), (CAROL, "carol", 100), (DAVE, "dave", 0)):
-            await ledger.open_account(pool, acc, name)
-            if funds:
-                await ledger.transfer(pool, BANK, acc, funds, f"fund-{name}")
-        await _check_transfer(r, transfer, pool, ns)
-
-
-async def _check_transfer(r: Report, transfer, pool, ns) -> None:
-    before = await _balances(pool)
-    tid = await transfer(pool, ALICE, BOB, 250, "pub-1")
-    after = await _balances(pool)
-    postings = await _postings(pool, tid) if _is_int(tid) else {}
-    r.expect(
-        _is_int(tid) and postings == {ALICE: -250, BOB: 250},
-        f"transfer(pool, 1, 2, 250, 'pub-1') returned transfer {tid} with postings {{1: -250, 2: +250}}",
-        f"transfer(pool, 1, 2, 250, 'pub-1') returned {tid!r} with postings {postings}; expected the new "
-        "ledger_transfers id, and two postings on it: -250 on account 1 and +250 on account 2",
-    )
-    r.expect(
-        after[ALICE] == before[ALICE] - 250 and after[BOB] == before[BOB] + 250,
-        "cached balances moved by 250: alice 750, bob 1250",
-        f"cached balances went from {before[ALICE]}/{before[BOB]} to {after[ALICE]}/{after[BOB]}; expected "
-        f"{before[ALICE] - 250}/{before[BOB] + 250} (update ledger_accounts.balance in the same transaction)",
-    )
-    again = await transfer(pool, ALICE, BOB, 250, "pub-1")
-    n = await _counts(pool)
-    r.expect(
-        again == tid and (await _balances(pool)) == after,
-        "the same call again (key 'pub-1') returned the same transfer id and moved nothing",
-        f"the same call again (key 'pub-1') returned {again!r} and left balances {await _balances(pool)}; expected "
-        f"{tid} and no change: look the key up in ledger_transfers (it is UNIQUE) and return the first transfer",
-    )
-    for bad in (12.5, Decimal("12.50")):
-        try:
-            got = await transfer(pool, ALICE, BOB, bad, f"pub-{type(bad).__name__}")
-            outcome, refused = f"returned {got!r}", False
-        except (TypeError, ValueError) as err:
-            outcome, refused = f"raised {error_line(err)}", True
-        except Exception as err:  # noqa: BLE001
-            outcome, refused = f"raised {error_line(err)}", False
-        moved = (await _counts(pool)) != n or (await _balances(pool)) != after
-        r.expect(
-            refused and not moved,
-            f"an amount of {bad!r} was refused: {outcome}",
-            f"an amount of {bad!r} {outcome}{' and changed the ledger' if moved else ''}; expected TypeError "
-            "(or ValueError) before anything is written: money is an int of minor units (cents), never a float "
-            "or a Decimal",
-        )
-    if r.public:
-        return
-
-    # --- the same key, another transfer; no money; negative amounts -----------------------------
-    try:
-        got = await transfer(pool, ALICE, BOB, 999, "pub-1")
-        outcome, ok = f"returned {got!r}", False
-    except Exception as err:  # noqa: BLE001
-        ok = isinstance(err, IdempotencyKeyReused) or getattr(err, "status", None) == 422
-        outcome = f"raised {error_line(err)}"
-    r.expect(
-        ok and (await _balances(pool)) == after,
-        f"key 'pub-1' again for 999 instead of 250: {outcome}, nothing moved",
-        f"key 'pub-1' again for 999 instead of 250: {outcome}; expected IdempotencyKeyReused and no change "
-        "(store request_hash({'from': ..., 'to': ..., 'amount': ...}) with the key and compare)",
-    )
-    for a, b, amount, key, want in (
-        (CAROL, DAVE, 101, "over-1", "InsufficientFunds"),
-        (DAVE, CAROL, -50, "neg-1", "ValueError"),
-        (DAVE, CAROL, 0, "zero-1", "ValueError"),
-    ):
-        n = await _counts(pool)
-        got = await _call_transfer(transfer, pool, a, b, amount, key)
-        moved = (await _counts(pool)) != n or (await _balances(pool)) != after
-        right = (
-            isinstance(got, ledger.InsufficientFunds) if want == "InsufficientFunds" else isinstance(got, ValueError)
-        )
-        what = f"raised {error_line(got)}" if isinstance(got, BaseException) else f"returned {got!r}"
-        r.expect(
-            right and not moved,
-            f"transfer({a}, {b}, {amount}) {what}, nothing written",
-            f"transfer({a}, {b}, {amount}) {what}{' and changed the ledger' if moved else ''}; expected {want} and "
-            "no row written"
-            + (
-                " (account 3 holds 100 and may not go negative)"
-                if want == "InsufficientFunds"
-                else ": a negative amount would move money the other way past the overdraft check"
-            ),
-        )
-
-    replicas = r.replicas("transfer", REPLICAS)
-    await _check_opposite(r, replicas, pool, ns)
-    await _check_overdraft_race(r, replicas, pool, ns)
-    rec = await ledger.reconcile(pool)
-    r.expect(
-        not rec["unbalanced"] and not rec["drifted"] and rec["total"] == 0,
-        "at the end: every transfer sums to zero, every cached balance equals its postings, the books sum to 0",
-        f"at the end the books do not reconcile: {_books(rec)}; all postings sum to {rec['total']}",
-    )
-
-
-async def _check_opposite(r: Report, replicas, pool, ns) -> None:
-    # One transfer each way per round. The first one closes the lock cycle, and only its session has
-    # the database's 20 ms deadlock_timeout (the other's is SURVIVOR_DEADLOCK_TIMEOUT), so PostgreSQL
-    # aborts the same transfer on every run. Its retry then runs while the other transfer waits at the
-    # turnstile (its COMMIT is held until the retry waits on a lock too), so a balance read before the
-    # other committed is written back on every run, and never by luck.
-    survivor = await ns.pool(
-        max_size=4, kwargs={"autocommit": True, "options": f"-c deadlock_timeout={SURVIVOR_DEADLOCK_TIMEOUT}"}
-    )
-    for n, (held, first, second) in enumerate(((BOB, (BOB, ALICE), (ALICE, BOB)), (ALICE, (ALICE, BOB), (BOB, ALICE)))):
-        amounts = [r.random.randint(1, 200) for _ in range(2)]
-        before = await _balances(pool)
-        r.note(
-            f"round {n + 1}: {first[0]} -> {first[1]} and {second[0]} -> {second[1]} at once, on the two replicas; the "
-            f"check holds account {held} until the {first[0]} -> {first[1]} transfer waits on it, then starts the other "
-            f"and releases account {held} once that one waits too; each transfer commits only once the other waits "
-            f"on a lock (a deadlock, if one comes, aborts the {first[0]} -> {first[1]} transfer)"
-        )
-        async with Contest(ns, "ledger_accounts", "id = %s", (held,), limit=SETTLE_LIMIT) as race:
-            race.start([_call_transfer(replicas[0], pool, *first, amounts[0], f"opp-{n}-a")])
-
-            async def second_wave(race=race, second=second, amount=amounts[1], n=n) -> None:
-                race.start([_call_transfer(replicas[1], survivor, *second, amount, f"opp-{n}-b")])
-
-            results = await race.run(second_wave)
-        errors = [x for x in results if isinstance(x, BaseException)]
-        if any(isinstance(x, psycopg.errors.DeadlockDetected) for x in errors):
-            r.fail(
-                f"a DeadlockDetected (40P01) reached the caller: the {second[0]} -> {second[1]} transfer held account "
-                f"{second[0]} and waited for {held} while the {first[0]} -> {first[1]} transfer held {held} and waited "
-                f"for {second[0]}. Lock both accounts in id order (SELECT ... WHERE id = ANY(...) ORDER BY id FOR "
-                "UPDATE), or retry the whole transaction on psycopg.errors.DeadlockDetected"
+        for sku, what in refusals:
+            pay = Payments()
+            r.note(f"buy(pool, '{sku}', 'eve', 'eve-{sku}', pay) with 2 in stock: the database refuses {what}")
+            got = await _call_buy(buy, pool, sku, "eve", f"eve-{sku}", pay)
+            stock, res = await _stock(pool, sku), await _reservations(pool, sku)
+            shown = f"raised {error_line(got)}" if isinstance(got, BaseException) else f"returned {got!r}"
+            r.expect(
+                stock == 2 and not res and not pay.calls,
+                f"when the database refused {what}, buy {shown} and left nothing written (stock 2, no reservation)",
+                f"when the database refused {what}, buy {shown} and left stock {stock}, reservations {res}"
+                f"{f', after {len(pay.calls)} payment(s)' if pay.calls else ''}; expected stock 2 and no reservation. "
+                "The reservation and the stock update were committed separately, so one stayed when the other "
+                "failed: insert the reservation and take the unit in one transaction (async with conn.transaction())",
             )
-        r.expect(
-            not errors,
-            "both transfers returned an id",
-            f"two opposite transfers ended with {_kinds(results)}: {error_line(errors[0]) if errors else ''}",
-        )
-        after = await _balances(pool)
-        moved = (amounts[0] if first[0] == ALICE else -amounts[0]) + (amounts[1] if second[0] == ALICE else -amounts[1])
-        want = {ALICE: before[ALICE] - moved, BOB: before[BOB] + moved}
-        rec = await ledger.reconcile(pool)
-        right = after[ALICE] == want[ALICE] and after[BOB] == want[BOB]
-        r.expect(
-            right and not rec["drifted"] and not rec["unbalanced"],
-            f"balances {after[ALICE]}/{after[BOB]} as expected, and each equals the sum of its postings",
-            f"after two opposite transfers the cached balances of accounts 1 and 2 are {after[ALICE]}/{after[BOB]}, "
-            f"expected {want[ALICE]}/{want[BOB]}"
-            + (", and they differ from the sums of their postings" if rec["drifted"] else "")
-            + ": an update was lost. Change the balance in SQL (balance = balance - %s), not by writing back a "
-            "value read earlier",
-        )
+    finally:
+        async with pool.connection() as conn:
+            await conn.execute("DROP TRIGGER IF EXISTS ch10_refuse_reserve ON inventory_items")
+            await conn.execute("DROP TRIGGER IF EXISTS ch10_refuse_reserve ON inventory_reservations")
 
 
-async def _check_overdraft_race(r: Report, replicas, pool, ns) -> None:
-    carol = (await _balances(pool))[CAROL]
-    r.note(
-        f"3 transfers of 60 at once from account 3 (holding {carol}, no overdraft) to account 4, alternating "
-        "replicas; the check holds account 3 until all three wait"
-    )
-    async with Race(ns, "ledger_accounts", "id = %s", (CAROL,), limit=SETTLE_LIMIT) as race:
-        race.start(_call_transfer(replicas[i % REPLICAS], pool, CAROL, DAVE, 60, f"od-{i}") for i in range(3))
-        results = await race.results()
-    left = (await _balances(pool))[CAROL]
-    ok = [x for x in results if _is_int(x)]
-    refused = [x for x in results if isinstance(x, ledger.InsufficientFunds)]
-    backstop = [x for x in results if isinstance(x, psycopg.errors.CheckViolation)]
-    if backstop:
-        r.fail(
-            f"3 transfers of 60 from {carol}: {_kinds(results)}. Your code let {len(backstop)} overdraft(s) through "
-            "and only the table's CHECK (allow_negative OR balance >= 0) stopped them: each transfer read the "
-            "balance, saw enough, and subtracted. Put the check in the update's WHERE (... SET balance = balance - "
-            "%s WHERE id = %s AND (allow_negative OR balance >= %s)) or lock the row before reading it, and raise "
-            "InsufficientFunds"
-        )
-    r.expect(
-        len(ok) == 1 and len(refused) == 2 and left == carol - 60,
-        f"one went through, two raised InsufficientFunds; account 3 holds {left}",
-        f"3 transfers of 60 from {carol}: {_kinds(results)}; account 3 holds {left}; expected one transfer and "
-        "two InsufficientFunds",
-    )
-
-
+from autograder.checks.ch10 import transfer  # noqa: E402,F401 - registers the transfer task, after buy
 from autograder.checks.ch10.rules import REFERENCES, RULES  # noqa: E402,F401 - the rule tables, beside the checks

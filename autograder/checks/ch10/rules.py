@@ -76,6 +76,24 @@ RULES: dict[str, list[Rule]] = {
             wrong="select_then_insert_key",
         ),
         Rule(
+            "returns that reservation as it stands",
+            "_check_answers: repeats of a paid, a released and a held key must return that status and the "
+            "reservation's id, without paying",
+            wrong="repeat_without_reservation_id",
+        ),
+        Rule(
+            "with its payment_id and return",
+            "_check_answers: a purchase that pays must return its status, reservation id and payment_id; one whose "
+            "payment times out its status and reservation id",
+            wrong="paid_without_payment_id",
+        ),
+        Rule(
+            "in one transaction: insert the reservation",
+            "_check_refused_reserve: the database refuses the stock update of one sku and the reservation INSERT "
+            "of another (triggers); expects stock unchanged, no reservation and no payment",
+            wrong="two_transactions",
+        ),
+        Rule(
             "The hidden checks run your answer as two replicas",
             "_check_flash: two replicas of the answer cell buy at once, held on the stock row until all wait",
             wrong="in_process_lock",
@@ -137,6 +155,17 @@ RULES: dict[str, list[Rule]] = {
             "amount bigint NOT NULL, never 0",
             "_check_transfer: reads the postings of the returned id; ledger.reconcile at the end",
             wrong="one_posting",
+        ),
+        Rule(
+            "(or a bool) raises TypeError",
+            "_check_bool_amount: an amount of True must raise TypeError/ValueError with nothing written",
+            wrong="bool_amount",
+        ),
+        Rule(
+            "all in one transaction, so that each cached balance equals the sum",
+            "_check_refused_posting: the database refuses the postings of one transfer (a trigger); expects no "
+            "ledger_transfers row and no balance moved",
+            wrong="postings_second_transaction",
         ),
         Rule(
             "A float or a Decimal (or a bool) raises TypeError",
