@@ -252,8 +252,9 @@ def replica(namespace: dict, name: str):
 
 
 def error_line(err: BaseException, limit: int | None = None) -> str:
-    """``TypeName: first line of the message`` (cut to ``limit`` characters), for check reports."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    """``TypeName: first line of the message`` (cut to ``limit`` characters, masked as in
+    :func:`stable_text`), for check reports."""
+    text = stable_text(str(err).strip().splitlines()[0]) if str(err).strip() else ""
     if limit is not None and len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(err).__name__}{': ' + text if text else ''}"
