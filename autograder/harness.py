@@ -28,10 +28,26 @@ import re
 import sys
 import threading
 import time
-import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from autograder.cellsource import cell_source as _cell_source
+
+
+def cell_source(obj) -> tuple[str, str] | None:
+    """``(filename, source)`` of the cell that defined ``obj`` (see :mod:`autograder.cellsource`); for an
+    object of the learner's process, that process says (what a check reads to explain a failure)."""
+    from autograder import wire
+
+    if isinstance(obj, (wire.Proxy, wire.BoundMethod)):
+        owner = obj._owner if isinstance(obj, wire.BoundMethod) else obj  # noqa: SLF001
+        try:
+            found = owner._conn.call_sync(wire.ROOT, "method", "source_of", (owner,), {})  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - a process that will not say: no source, as for a lost cell
+            return None
+        return tuple(found) if isinstance(found, (list, tuple)) and len(found) == 2 else None
+    return _cell_source(obj)
 
 PUBLIC_PASSED = "public checks passed (a smoke test, not the grade: selfcheck runs the hidden checks)"
 
@@ -167,6 +183,9 @@ class Report:
         processes of one service would each have their own. State that must be shared
         between replicas has to live in PostgreSQL or Redis.
         """
+        remote = getattr(self.namespace, "replicas", None)
+        if remote is not None:  # the learner's code runs in processes of its own: one replica per process
+            return remote(name, n)
         return [replica(self.namespace, name) for _ in range(n)]
 
 
@@ -187,40 +206,6 @@ class Result:
     def text(self) -> str:
         head = f"{self.task}: {self.points:g}/{self.max_points:g} points"
         return "\n".join([head, *self.lines])
-
-
-def cell_source(obj) -> tuple[str, str] | None:
-    """``(filename, source)`` of the cell (or file) that defined ``obj``, if it can be found.
-
-    Works for answer cells run by the grader (registered in :mod:`linecache`), for cells
-    run in a Jupyter kernel (IPython registers them too) and for plain modules.
-    """
-    import linecache
-
-    target = inspect.unwrap(obj) if callable(obj) else obj
-    code = getattr(target, "__code__", None)
-    if code is None and callable(target) and not inspect.isclass(target) and not inspect.isroutine(target):
-        target = type(target)  # a callable instance (``record = Recorder()``): the cell that defined its class
-    if code is None and inspect.isclass(target):
-        # a method written in the cell (not one ``@dataclass`` generated, which has no lines)
-        for member in vars(target).values():
-            member = getattr(member, "__func__", member)
-            member = member.fget if isinstance(member, property) else member
-            found = getattr(member, "__code__", None)
-            own = found is not None and found.co_qualname.startswith(f"{target.__qualname__}.")
-            if own and linecache.getlines(found.co_filename):
-                code = found
-                break
-        if code is None:  # only generated methods: the last cell run that defines the class
-            defines = re.compile(rf"^class\s+{re.escape(target.__name__)}\b", re.MULTILINE)
-            for filename, entry in reversed(list(linecache.cache.items())):
-                lines = entry[2] if len(entry) >= 3 else []
-                if defines.search("".join(lines)):
-                    return filename, "".join(lines)
-    if code is None:
-        return None
-    lines = linecache.getlines(code.co_filename)
-    return (code.co_filename, "".join(lines)) if lines else None
 
 
 def run_cell(source: str, namespace: dict, filename: str) -> None:
@@ -280,10 +265,12 @@ def stable_text(text: str) -> str:
 def _describe(err: BaseException) -> str:
     """One line for an exception raised by learner code: type, message and where; what differs
     between runs (addresses, PostgreSQL process numbers, timestamps) is masked."""
+    from autograder.values import frames_of  # an error from the learner's process carries its frames as data
+
     where = ""
-    for frame in reversed(traceback.extract_tb(err.__traceback__)):
-        if "autograder" not in frame.filename and "site-packages" not in frame.filename:
-            where = f" (line {frame.lineno}: {frame.line.strip() if frame.line else ''})"
+    for filename, lineno, line in reversed(frames_of(err)):
+        if "autograder" not in filename and "site-packages" not in filename:
+            where = f" (line {lineno}: {line.strip() if line else ''})"
             break
     text = stable_text(str(err))
     return f"{type(err).__name__}{': ' + text if text else ''}{where}"
@@ -323,6 +310,8 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
 
     def body() -> None:
         loop = asyncio.new_event_loop()
+        bind = getattr(namespace, "bind", None)  # a learner in another process: virtual time waits on it too
+        bound = bind(loop) if bind is not None else contextlib.ExitStack()
         try:
             result = t.check(r, *args)
             if inspect.isawaitable(result):
@@ -351,6 +340,7 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
                 loop.run_until_complete(asyncio.wait(pending, timeout=2)) if pending else None
             with contextlib.suppress(Exception):
                 loop.close()
+            bound.close()
 
     sink = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stderr(sink):
@@ -539,7 +529,9 @@ def selfcheck(chapter: str, namespace: dict | None = None) -> list[Result]:
     total = sum(r.points for r in results)
     top = sum(r.max_points for r in results)
     for res in results:
-        print(f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {_status(res)}")
+        print(
+            f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {_status(res)}"
+        )
     print(f"total: {total:g}/{top:g}")
     print(
         "(selfcheck runs in this kernel, where code can change what it checks; `course check` grades a saved\n"

@@ -29,6 +29,11 @@ from redis.asyncio.client import Pipeline
 
 _caller: contextvars.ContextVar[int | None] = contextvars.ContextVar("caller", default=None)
 
+#: loop id -> the grading session whose learner processes that loop's checks call (set by
+#: :meth:`autograder.session.RemoteNamespace.bind`). There the lockstep is the session's Redis
+#: proxies holding every learner command, whatever client sent it (:meth:`Gate._run_remote`).
+REMOTE: dict[int, object] = {}
+
 
 class Gate:
     """Runs ``n`` callers in lockstep: a round of commands goes only when every caller still
@@ -120,6 +125,9 @@ class Gate:
 
     async def run(self, calls: list) -> list:
         """``[make() for make in calls]`` awaited concurrently in lockstep; results and exceptions, in order."""
+        session = REMOTE.get(id(asyncio.get_running_loop()))
+        if session is not None:
+            return await self._run_remote(session, calls)
 
         async def one(i: int, make):
             _caller.set(i)
@@ -136,6 +144,34 @@ class Gate:
             self.running = False
             self.release()
             await watcher
+
+    async def _run_remote(self, session, calls: list) -> list:
+        """The lockstep where the callers' code runs in learner processes: their Redis proxies hold every
+        command; a round goes once every process is idle, nothing is on the wire and no command is in
+        flight at Redis (each running caller has sent its next command, or waits on something else)."""
+        gates = lambda: [x.redis_gate for x in session.learners if x.alive]  # noqa: E731
+        for gate in gates():
+            gate.hold(True)
+        tasks = [asyncio.ensure_future(make()) for make in calls]
+        try:
+            while True:
+                running = [t for t in tasks if not t.done()]
+                if not running:
+                    break
+                await session.settled(redis=True, busy=self.busy)
+                held = [(g, link) for g in gates() for link in {h[0] for h in g.held}]
+                if held:
+                    self.rounds += 1
+                    self.commands += sum(len(g.held) for g in gates())
+                    self.stalled += len(held) < len([t for t in tasks if not t.done()])
+                    for gate in gates():
+                        gate.release()
+                else:
+                    await asyncio.wait(running, timeout=0.005, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for gate in gates():
+                gate.hold(False)
+        return await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class RemoteGate(Gate):

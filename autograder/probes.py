@@ -34,6 +34,7 @@ import redis.asyncio as aioredis
 
 from autograder import lockstep
 from autograder.harness import Report, cell_source, error_line
+from autograder.loops import fire_timers, loop_timers
 from course.kit.faults import VirtualClock
 from course.kit.lab import LOCK_WAITERS
 
@@ -79,16 +80,64 @@ class Spawned(list):
         await asyncio.gather(*self, return_exceptions=True)
 
 
+async def settled() -> None:
+    """Until nothing is ready to run on this loop, nor in the learner's processes when its code runs in
+    its own (:mod:`autograder.session`): where "wait a few loop turns" would race another process."""
+    from course.kit.faults import _until_idle
+
+    await _until_idle()
+
+
+class AnswerLoop:
+    """The event loop the answer's code runs on (this one, or its process's): its timers and tasks.
+
+    ``mark()`` notes what is pending now; ``fire(mark)`` makes every timer set since then due at once
+    (a ticker's sleep, a delayed flush), returning how many; ``left_running(mark)`` says whether a
+    timer or task was started since then.
+    """
+
+    def __init__(self, r: Report) -> None:
+        self.remote = getattr(r.namespace, "learner", None)
+
+    def mark(self):
+        if self.remote is not None:
+            return self.remote.root.loop_mark()
+        loop = asyncio.get_running_loop()
+        return (loop_timers(loop), asyncio.all_tasks())
+
+    def fire(self, mark) -> int:
+        if self.remote is not None:
+            return self.remote.root.loop_fire(mark)
+        return fire_timers(asyncio.get_running_loop(), mark[0])
+
+    def left_running(self, mark) -> bool:
+        if self.remote is not None:
+            return self.remote.root.loop_left_running(mark)
+        loop = asyncio.get_running_loop()
+        known = {id(h) for h in mark[0]}
+        return any(id(h) not in known for h in loop_timers(loop)) or any(
+            not t.done() for t in asyncio.all_tasks() - mark[1]
+        )
+
+
 @contextlib.contextmanager
 def seeded_random(r: Report):
     """Seed the ``random`` module from the report's seed for one check (restored afterwards),
     for learner code that draws from ``random`` itself rather than an injected source."""
     state = random.getstate()
-    random.seed(r.random.getrandbits(64))
+    seed = r.random.getrandbits(64)
+    random.seed(seed)
+    session = getattr(r.namespace, "session", None)  # the learner's processes draw from their own random
+    learners = [x for x in session.learners if x.alive] if session is not None else []
+    for learner in learners:
+        learner.root.seed_random(seed)
     try:
         yield
     finally:
         random.setstate(state)
+        for learner in learners:
+            if learner.alive:
+                learner.root.restore_random()
 
 
 # ----------------------------------------------------------------------------- races in a Redis client
@@ -285,8 +334,11 @@ def in_fresh_process(r: Report, calls: list[tuple[str, list]], timeout: float = 
     answer cell run afresh there: ``[{"ok": value} | {"error": "Type: message"}, ...]``. Plain
     functions of JSON-able arguments only. LookupError(name) when the cell uses a notebook name
     that could not be carried to the other process (see :func:`_environment`)."""
-    specs = {name: _spec_of(r, name) for name in {name for name, _ in calls}}
     hashseed = 2 if os.environ.get("PYTHONHASHSEED") == "1" else 1  # never this process's own
+    remote = getattr(r.namespace, "fresh_process", None)
+    if remote is not None:  # the learner's code runs in processes of its own: one more of them
+        return remote(calls, hashseed)
+    specs = {name: _spec_of(r, name) for name in {name for name, _ in calls}}
     env = dict(
         os.environ,
         PYTHONHASHSEED=str(hashseed),
@@ -327,6 +379,12 @@ class Workers:
     ``skews[i]`` sets worker ``i``'s clocks (``time.time``, ``time.monotonic`` and their
     ``_ns`` forms) that many seconds off. Always :meth:`close` them (a ``finally``).
     """
+
+    def __new__(cls, r: Report, name: str, redis_url: str, skews: tuple[float, ...] = (0.0, 0.0)):
+        remote = getattr(r.namespace, "workers", None)
+        if remote is not None:  # the learner's code runs in processes of its own: these are more of them
+            return remote(name, redis_url, skews)
+        return super().__new__(cls)
 
     def __init__(self, r: Report, name: str, redis_url: str, skews: tuple[float, ...] = (0.0, 0.0)) -> None:
         base = _spec_of(r, name)

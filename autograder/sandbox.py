@@ -447,8 +447,12 @@ class Sandbox:
         servers: dict[str, str] | None = None,
         limits: Limits | None = None,
         unsandboxed: bool = False,
+        hidden: list[Path] | tuple[Path, ...] = (),
+        overlays: dict[Path, Path] | None = None,
     ) -> None:
         self.limits = limits or Limits()
+        self.hidden = [Path(p) for p in hidden]  # folders shown empty inside (the hidden checks)
+        self.overlays = dict(overlays or {})  # real path -> the file shown there instead (reference stubs)
         self.unsandboxed = unsandboxed
         self.workdir = Path(workdir).resolve()
         if not self.workdir.is_dir():
@@ -554,6 +558,10 @@ class Sandbox:
             args += [flag, str(p), str(p)]
         for r in self._routes:
             args += ["--bind", str(r.socket), str(r.inside)]
+        for d in self.hidden:
+            args += ["--tmpfs", str(d), "--remount-ro", str(d)]
+        for real, shown in sorted(self.overlays.items()):
+            args += ["--ro-bind", str(shown), str(real)]
         args += [a for d in [*skeletons, "/"] for a in ("--remount-ro", str(d))]
         return [*args, "--chdir", str(cwd), "--", *argv]
 

@@ -13,6 +13,9 @@ Parts (``--only`` picks some):
 - ``notebooks``: each solution notebook top to bottom, full size (nbclient);
 - ``suite``: ``make test``'s tests, timed from pytest's JUnit report and summed per group
   (the toolkit and grader, each chapter, the instructor's flow), so a new chapter's cost shows;
+- ``versus`` (only when asked, with ``--baseline PATH``): ``course check`` of each solution with this
+  checkout and another (an earlier version, made with ``git worktree add``), alternating, and where
+  one run's time goes (interpreter starts, sandboxes, databases, each cell and each task's checks);
 - ``determinism`` (only when asked, ``--only determinism``): every kept wrong solution
   (``WRONG`` in ``tests/test_NN_grading.py``) graded ``--runs`` times in one process
   (``COURSE_DETERMINISM_RUNS``, default 20); prints each one whose points, verdict or
@@ -45,7 +48,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # enter the progress file of whoever runs `make bench` (course progress, chapter 14).
 os.environ.setdefault("COURSE_NO_PROGRESS", "1")
 PARTS = ("servers", "grading", "class", "notebooks", "suite")
-EXTRA_PARTS = ("determinism",)  # run only when named: it grades every kept wrong solution many times
+EXTRA_PARTS = ("determinism", "versus")  # run only when named: long, or needing a second checkout
 
 
 def _chapters(wanted: list[str] | None) -> list[str]:
@@ -74,15 +77,18 @@ def selfcheck_seconds(chapter: str) -> float:
 
     job = grading.build_job(chapter, grading.read_manifest(chapter), _solution(chapter))
     code = (
-        "import asyncio, json, sys, time\n"
-        "from autograder import runner\n"
+        "import ast, asyncio, json, sys, time\n"
         "from autograder.harness import selfcheck\n"
         "job = json.load(sys.stdin)\n"
         "loop = asyncio.new_event_loop(); asyncio.set_event_loop(loop)\n"
         "ns = {'__name__': '__main__'}\n"
         "for c in job['cells']:\n"
         "    if c['kind'] != 'test':\n"
-        "        runner.run_cell(c['source'], ns, runner.cell_filename(c['kind'], c['id']), loop, 120)\n"
+        "        src = '\\n'.join('pass' if l.lstrip()[:1] in '%!' and l.strip() else l for l in c['source'].splitlines())\n"
+        "        code = compile(src, f\"<{c['kind']} cell {c['id']}>\", 'exec', flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)\n"
+        "        result = eval(code, ns)\n"
+        "        if asyncio.iscoroutine(result):\n"
+        "            loop.run_until_complete(result)\n"
         "t0 = time.perf_counter(); selfcheck(job['chapter'], ns)\n"
         "print('SELFCHECK', time.perf_counter() - t0)\n"
     )
@@ -105,6 +111,50 @@ def grading_times(chapters: list[str]) -> dict[str, dict]:
             "course_check_s": time.perf_counter() - t0,
             "score": f"{res.score:g}/{res.max_score:g}",
             "selfcheck_s": selfcheck_seconds(chapter),
+        }
+    return out
+
+
+def _course_check(repo: Path, chapter: str, env: dict) -> float:
+    """Seconds of ``course check`` of ``chapter``'s solution, run from the checkout at ``repo``."""
+    python = repo / ".venv" / "bin" / "python"
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [str(python), "-m", "autograder.check", str(repo / "solutions" / chapter / f"{chapter}.ipynb")],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    seconds = time.perf_counter() - t0
+    return seconds if done.returncode == 0 else float("nan")
+
+
+def versus(chapters: list[str], baseline: Path, repeat: int) -> dict:
+    """``course check`` of each solution with this checkout and with ``baseline`` (another checkout, its
+    own venv), alternating, on the same servers, so both meet the same machine; plus where one run of
+    this checkout's grading spends its time (the runner's phases)."""
+    from autograder import grading
+    from course.kit import backends
+
+    env = {**os.environ, **backends.servers().as_env(), "COURSE_NO_PROGRESS": "1"}
+    out = {}
+    for chapter in chapters:
+        ours, theirs = [], []
+        for _ in range(repeat):
+            theirs.append(_course_check(baseline, chapter, env))
+            ours.append(_course_check(REPO, chapter, env))
+        job = grading.build_job(chapter, grading.read_manifest(chapter), _solution(chapter))
+        t0 = time.perf_counter()
+        run = grading._run_once({**job, "sandbox": grading._sandbox_mode("auto")}, 600)  # noqa: SLF001
+        total = time.perf_counter() - t0
+        phases = next((e["seconds"] for e in run.events if e["event"] == "phases"), {})
+        inside = sum(v for k, v in phases.items() if k != "session in all") if phases else 0.0
+        out[chapter] = {
+            "baseline_s": statistics.median(theirs),
+            "this_s": statistics.median(ours),
+            "phases": {"grading process start (interpreter, imports)": max(0.0, total - inside), **phases},
         }
     return out
 
@@ -231,6 +281,7 @@ def main() -> int:
     parser.add_argument("--chapters", nargs="*", help="chapter numbers (default: all)")
     parser.add_argument("--class-chapter", default="03", help="the chapter the class of 20 hands in")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="versus: another checkout with its own .venv (git worktree add)")
     parser.add_argument(
         "--runs",
         type=int,
@@ -276,6 +327,18 @@ def main() -> int:
         print(f"\nmake test's tests: {results['suite']['wall_s']:.0f} s wall (target < 480 s); worker time per group:")
         for group, seconds in sorted(results["suite"]["groups"].items()):
             print(f"  {group:24} {seconds:7.1f} s  ({results['suite']['tests'][group]} tests)")
+    if "versus" in args.only:
+        if args.baseline is None:
+            parser.error("--only versus needs --baseline PATH (a checkout of the version to compare with)")
+        results["versus"] = versus(chapters, args.baseline.resolve(), args.repeat)
+        print(f"\n{'chapter':36} {'baseline':>9} {'this':>9}   (course check of the solution, median of {args.repeat})")
+        for chapter, row in results["versus"].items():
+            print(f"{chapter:36} {row['baseline_s']:8.1f}s {row['this_s']:8.1f}s")
+        first = next(iter(results["versus"].values()), None)
+        if first:
+            print(f"\nwhere one run of {next(iter(results['versus']))} goes (seconds):")
+            for name, seconds in first["phases"].items():
+                print(f"  {name:48} {seconds:6.2f}")
     if "determinism" in args.only:
         row = results["determinism"] = determinism(chapters, args.runs)
         print(

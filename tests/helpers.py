@@ -11,11 +11,16 @@ from autograder.harness import Result, get_task, run_cell, run_task
 
 def run_source(task_id: str, source: str, extra: dict | None = None) -> Result:
     """Exec ``source`` (a learner's answer cell) in a fresh namespace and grade ``task_id``."""
-    namespace: dict = {"__name__": "__learner__"}
+    from autograder import references
+
+    task = get_task(task_id)
+    # the answer's imports of the chapter's reference modules give copies whose references raise, as the
+    # sandbox's files do when it is graded; the checks keep the real modules
+    namespace: dict = {"__name__": "__learner__", "__builtins__": references.learner_builtins(task.chapter)}
     if extra:
         namespace.update(extra)
     run_cell(textwrap.dedent(source), namespace, f"<answer {task_id} {id(namespace):x}>")
-    return run_task(get_task(task_id), namespace)
+    return run_task(task, namespace)
 
 
 def assert_rejected(task_id: str, source: str, *, mentions: str | None = None) -> Result:

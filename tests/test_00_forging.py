@@ -1,12 +1,14 @@
-"""Grades no learner can forge (issue 26): forging attempts, a planted cache, the reference answer.
+"""Grades no learner can forge (issues 26 and 40): the boundary, the servers, the reference answers.
 
-Each attempt is an answer cell a determined learner might hand in: a correct answer (or the
-stub) plus code that reaches for the grader's own objects, to sign full marks for itself. The
-in-process guard (autograder/guard.py) refuses what that needs; the task earns nothing and its
-feedback names the primitive. One grading process runs most attempts, one after another, each
-in an answer cell of its own; the two variants of the issue (a frame walk, the garbage
-collector) also go through `course check`, and a class with a forger and a flagged answer goes
-through `course grade`, nbgrader's autograde and its gradebook.
+Learner code runs in a sandboxed process of its own that holds nothing of the grader's (no check,
+no job, no key, no privileged credential); the checks run in the grader's process and call it
+across a socket (autograder/wire.py). Each attempt here is an answer cell a determined learner,
+who has read the grader's source, might hand in: it looks for the grader's objects in its own
+process, patches them, lies on the wire, or uses the servers it is given to run as the instructor
+(superuser file access and shells in PostgreSQL, CONFIG/SAVE/MODULE in Redis) or to reach another
+learner's run. Each earns what its answer earns (nothing for a wrong one), changes no other grade,
+and leaves nothing behind on the grading machine. The attempts go through `course check`, the
+grading function behind `course grade` and `nbgrader autograde`, and a class graded by nbgrader.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,151 +37,30 @@ async def count_visit(redis, pool, page):
         await conn.execute("INSERT INTO visits (page) VALUES (%s)", (page,))
     return count
 """
-
-#: What a forger does with a frame: find the grader's emitter in some frame's locals, sign
-#: full marks for every task of the chapter, end the process before the real checks report.
-FORGE = """
-import os as _os
-
-def _forge(frame):
-    while frame is not None:
-        for name in ("emit", "put"):
-            fn = frame.f_locals.get(name)
-            if callable(fn):
-                for task in ("count_visit", "create_order", "consume_payment_event"):
-                    fn({"event": "task-start", "id": task})
-                    fn({"event": "task", "id": task, "points": 10.0, "max_points": 10.0, "lines": ["  [ok] forged"],
-                        "not_done": False, "seconds": 0.1, "tampered": None})
-                fn({"event": "done"})
-                _os._exit(0)
-        frame = frame.f_back
+WRONG = """
+async def count_visit(redis, pool, page):
+    count = int(await redis.get(f"visits:{page}") or 0) + 1
+    await redis.set(f"visits:{page}", count)
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO visits (page) VALUES (%s)", (page,))
+    return count
 """
 
-#: name -> (what the cell does after FORGE, the phrase its refusal names)
-ATTEMPTS = {
-    "a frame walk from sys._getframe": ("import sys\n_forge(sys._getframe())\n", "sys._getframe"),
-    "the garbage collector": (
-        "import gc\nfor o in gc.get_objects():\n    if getattr(o, '__name__', '') == 'emit': o({'event': 'done'})\n",
-        "gc.get_objects",
-    ),
-    "gc.get_referrers": ("import gc\ngc.get_referrers(_forge)\n", "gc.get_referrers"),
-    "every thread's frames": (
-        "import sys\nfor f in sys._current_frames().values():\n    _forge(f)\n",
-        "sys._current_frames",
-    ),
-    "a traceback's tb_frame": (
-        "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    _forge(e.__traceback__.tb_frame)\n",
-        ".tb_frame",
-    ),
-    "a running coroutine's cr_frame": (
-        "import asyncio\nasync def _p():\n    return asyncio.current_task().get_coro().cr_frame\n_forge(await _p())\n",
-        ".cr_frame",
-    ),
-    "a generator's gi_frame": ("def _g():\n    yield 1\n_forge(_g().gi_frame)\n", ".gi_frame"),
-    "a frame taken by a C trampoline (no learner frame on the stack)": (
-        "import asyncio, sys\n_out = []\nasyncio.get_running_loop().call_soon(_out.extend, map(sys._getframe, [0]))\n"
-        "await asyncio.sleep(0)\nif _out:\n    _forge(_out[0])\n",
-        "sys._getframe",
-    ),
-    "logging's frame helper called directly": ("import logging\n_forge(logging.currentframe())\n", "sys._getframe"),
-    "traceback.walk_stack": (
-        "import traceback\nfor f, _ in traceback.walk_stack(None):\n    _forge(f)\n",
-        "sys._getframe",
-    ),
-    "a signal handler (it receives the interrupted frame)": (
-        "import signal\nsignal.signal(signal.SIGALRM, lambda s, f: _forge(f))\nsignal.setitimer(signal.ITIMER_REAL, 0.01)\n",
-        "signal.signal",
-    ),
-    "a profiler (it receives every frame)": (
-        "import sys\nsys.setprofile(lambda f, e, a: _forge(f))\n",
-        "sys.setprofile",
-    ),
-    "a tracer through threading": (
-        "import threading\nthreading.settrace(lambda f, e, a: _forge(f))\n_t = threading.Thread(target=print)\n_t.start()\n_t.join()\n",
-        "sys.settrace",
-    ),
-    "a second audit hook": ("import sys\nsys.addaudithook(lambda e, a: None)\n", "sys.addaudithook"),
-    "ctypes": ("import ctypes\nctypes.string_at(id(_forge), 8)\n", "ctypes"),
-    "/proc/self/mem": ("open('/proc/self/mem', 'rb')\n", "/proc/self/mem"),
-    "the results descriptor opened by number": ("import sys\nopen(int(sys.argv[1]), 'w')\n", "results descriptor"),
-    "code.replace": ("_forge.__code__.replace(co_filename='/x.py')\n", "code object"),
-    "compile under a real file's name": ("compile('x = 1', '/course/kit/lab.py', 'exec')\n", "compiling code"),
-    "a function built around logging's frame code": (
-        "import logging, types\ntypes.FunctionType(logging.Logger.findCaller.__code__, {})\n",
-        "a function built around",
-    ),
-    "os.kill of the grading process": ("import os, signal as _s\nos.kill(os.getpid(), _s.SIGTERM)\n", "os.kill"),
-    # A fifth audit: the guard switched off from the module that holds it, then a frame walk.
-    "the guard's own class patched, then a frame walk": (
-        "import sys\nfrom autograder import guard as _g\n_g.Guard._judge = lambda *a: None\n_forge(sys._getframe())\n",
-        "sys._getframe",
-    ),
-    "the guard's function code replaced": (
-        "from autograder import guard as _g\n_g._proc_path.__code__ = (lambda p: False).__code__\n",
-        "changing the grading guard",
-    ),
-    "the guard's lists emptied, then a frame walk": (
-        "import sys\nfrom autograder import guard as _g\n_g._WATCHED = frozenset()\n_g.FRAME_ATTRS = frozenset()\n"
-        "_forge(sys._getframe())\n",
-        "sys._getframe",
-    ),
-    "the guard's state switched off, then a frame walk": (
-        "import sys\nfrom autograder import guard as _g\n_s = vars(_g).get('_INSTALLED')\n"
-        "if hasattr(_s, 'active'):\n    _s.active = False\n_forge(sys._getframe())\n",
-        "sys._getframe",
-    ),
-    "/proc/self/mem through /proc/self/root": (
-        "open('/proc/self/root/proc/self/mem', 'rb')\n",
-        "memory or descriptors",
-    ),
-    "a symbolic link to /proc/self/mem": (
-        "import os\nos.symlink('/proc/self/mem', 'mem-link')\nopen('mem-link', 'rb')\n",
-        "a symbolic link to /proc/self/mem",
-    ),
-    "mem opened relative to a descriptor of /proc/self": (
-        "import os\n_d = os.open('/proc/self', os.O_RDONLY)\nos.open('mem', os.O_RDONLY, dir_fd=_d)\n",
-        "opening /proc/self",
-    ),
-    "mem opened relative to a descriptor of /": (
-        "import os\n_d = os.open('/', os.O_RDONLY)\nos.open('proc/self/mem', os.O_RDONLY, dir_fd=_d)\n",
-        "opening proc/self/mem",
-    ),
-}
 
-
-def _attempt_cell(body: str) -> str:
-    """The attempt as a learner writes it: errors swallowed, so only the guard's record tells."""
-    indented = "\n".join("    " + line for line in body.splitlines())
-    return FORGE + "try:\n" + indented + "\nexcept BaseException as _e:\n    print('caught', type(_e).__name__)\n"
-
-
-@pytest.fixture(scope="module")
-def attempt_runs() -> dict[str, dict]:
-    """Every attempt as an answer cell of one grading process (chapter 00's setup first)."""
-    trusted = grading.read_manifest(CH00)
-    cells = [{"kind": "setup", "id": c["id"], "source": c["source"]} for c in trusted if c["kind"] == "setup"]
-    cells += [{"kind": "answer", "id": name, "source": _attempt_cell(body)} for name, (body, _) in ATTEMPTS.items()]
-    job = {"chapter": "00", "cells": cells, "tasks": [], "cell_timeout": 30}
-    run = grading._run_once(job, settings.SANDBOX, 300)
-    assert not any(e["event"] == "forged" for e in run.events), run.output
-    assert any(e["event"] == "done" for e in run.events), (run.why, run.output[-2000:])
-    return {e["id"]: e for e in run.events if e["event"] == "cell" and e["kind"] == "answer"}
-
-
-@pytest.mark.parametrize("name", list(ATTEMPTS))
-def test_every_forging_primitive_is_refused_and_named(attempt_runs, name):
-    assert name in attempt_runs, f"the grading process never got to {name!r}"
-    event = attempt_runs[name]
-    assert ATTEMPTS[name][1] in (event["refused"] or ""), event
+def _grade00(answer: str) -> grading.Graded:
+    nb = json.loads((REPO / "solutions" / CH00 / f"{CH00}.ipynb").read_text())
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "count_visit":
+            cell["source"] = answer
+    return grading.grade(CH00, grading.read_manifest(CH00), nb, sandbox=settings.SANDBOX)
 
 
 def _course_check(path: Path) -> dict:
-    env = servers_env()
     proc = subprocess.run(
         [sys.executable, "-m", "autograder.check", str(path), "--json"],
         capture_output=True,
         text=True,
-        env=env,
+        env=servers_env(),
         cwd=REPO,
         timeout=600,
     )
@@ -186,109 +68,189 @@ def _course_check(path: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.slow
-def test_the_issues_frame_walk_earns_nothing_through_course_check(tmp_path):
-    """The issue's attack on chapter 03: the stub left in place, full marks signed for every task."""
-    nb = json.loads((REPO / "notebooks" / "03_idempotency" / "03_idempotency.ipynb").read_text())
-    for cell in nb["cells"]:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "create_order":
-            cell["source"] = "".join(cell["source"]) + FORGE + "import sys\n_forge(sys._getframe())\n"
-    path = tmp_path / "03_idempotency.ipynb"
-    path.write_text(json.dumps(nb))
-    result = _course_check(path)
-    assert result["score"] == 0, result
-    create = next(t for t in result["tasks"] if t["id"] == "create_order")
-    assert "forging" in create["feedback"] and "sys._getframe" in create["feedback"], create
-    assert "[FLAG] your instructor will read this answer" in create["feedback"], create
+# ----------------------------------------------------------------------------- nothing of the grader's
 
-
-@pytest.mark.slow
-def test_the_issues_gc_variant_earns_nothing_through_course_check(tmp_path):
-    cell = GOOD + FORGE + "import gc\nfor o in gc.get_objects():\n    pass\n"
-    result = _course_check(notebook_with_answers(CH00, {"count_visit": cell}, tmp_path))
-    (task,) = result["tasks"]
-    assert task["points"] == 0 and "gc.get_objects" in task["feedback"], task
-
-
-def _grade00(answer: str) -> grading.TaskGrade:
-    nb = json.loads((REPO / "solutions" / CH00 / f"{CH00}.ipynb").read_text())
-    for cell in nb["cells"]:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "count_visit":
-            cell["source"] = answer
-    (task,) = grading.grade(CH00, grading.read_manifest(CH00), nb).tasks
-    return task
-
-
-@pytest.mark.slow
-def test_a_finalizer_that_forges_after_the_checks_earns_nothing():
-    finalizer = (
-        "import sys\nclass _Later:\n    def __init__(self):\n        self.me = self\n"
-        "    def __del__(self):\n        _forge(sys._getframe())\n_Later()\n"
-    )
-    task = _grade00(GOOD + FORGE + finalizer)
-    assert task.points == 0 and "sys._getframe" in task.text(), task.text()
-
-
-@pytest.mark.slow
-def test_writing_to_the_results_descriptor_then_exiting_earns_nothing():
-    line = '{"body": {"event": "task", "id": "count_visit", "points": 2}, "mac": "0"}'
-    task = _grade00(GOOD + f"import os, sys\nos.write(int(sys.argv[1]), b'{line}\\n')\nos._exit(0)\n")
-    assert task.points == 0 and "something other than the grader wrote grading results" in task.text(), task.text()
-
-
-@pytest.mark.slow
-def test_rebinding_a_registered_check_changes_nothing():
-    """The runner grades with its own copies of the tasks, taken before learner code runs."""
-    task = _grade00(
-        "from autograder import harness\nharness.REGISTRY['count_visit'].check = lambda r, f: None\n"
-        "async def count_visit(redis, pool, page):\n    return 1\n"
-    )
-    assert task.points == 0 and "[FAIL]" in task.text(), task.text()  # the real check ran, and failed it
-    assert task.flags and "autograder" in task.flags[0], task.flags
-
-
-#: The harness's own Stop, found without importing the grader (nothing here is flagged).
-STOP = """
-def _find(name, module):
-    todo, seen = [BaseException], set()
-    while todo:
-        c = todo.pop()
-        if c not in seen:
-            seen.add(c)
-            if c.__name__ == name and c.__module__ == module:
-                return c
-            todo.extend(vars(type)["__subclasses__"](c))
-
-async def count_visit(redis, pool, page):
-    raise _find("Stop", "autograder.harness")("nothing to see")
+#: What a forger who read the grader's source looks for in its own process, and prints.
+SEARCH = """
+import gc, os, sys, threading
+_found = []
+for _o in gc.get_objects():
+    try:
+        _t = type(_o)
+        if _t.__name__ in ("Report", "Task", "Session", "GraderPolicy", "RunPrivileges", "Gate") and "autograder" in _t.__module__:
+            _found.append(_t.__name__)
+        if isinstance(_o, dict) and "key" in _o and "cells" in _o and "chapter" in _o:
+            _found.append("the job")
+    except Exception:
+        pass
+for _name, _mod in list(sys.modules.items()):
+    if _name.startswith("autograder.checks"):
+        _found.append(_name)
+try:
+    import autograder.checks.ch00
+    _found.append("the hidden checks import")
+except ImportError:
+    pass
+from autograder import harness as _h
+if _h.REGISTRY:
+    _found.append("a registry of checks")
+for _k, _v in os.environ.items():
+    if "postgres@" in _v or "user=postgres" in _v or "password=postgres" in _v:
+        _found.append("a superuser URL in " + _k)
+for _pid in os.listdir("/proc"):
+    if _pid.isdigit() and int(_pid) not in (os.getpid(), os.getppid()) and int(_pid) > 3:
+        try:
+            _cmd = open(f"/proc/{_pid}/cmdline", "rb").read()
+            if b"autograder.runner" in _cmd or b"course" in _cmd and b"check" in _cmd:
+                _found.append("the grading process " + _pid)
+        except OSError:
+            pass
+print("FOUND", sorted(set(_found)))
 """
 
 
 @pytest.mark.slow
-def test_raising_the_checks_own_stop_earns_nothing():
-    """A Stop that no failed expectation raised once ended the checks as passed: 2/2, unflagged."""
-    task = _grade00(STOP)
-    assert task.points == 0 and "your code raised Stop" in task.text(), task.text()
-
-
-#: A child process has no audit hook: it reads the grading process's memory for the key.
-CHILD_READS_PARENT = """
-import os, subprocess, sys
-_child = "import sys\\ntry:\\n    open(f'/proc/{sys.argv[1]}/mem', 'rb').close()\\n    print('OPENED')\\nexcept OSError as e:\\n    print('DENIED', e)\\n"
-print(subprocess.run([sys.executable, '-c', _child, str(os.getpid())], capture_output=True, text=True).stdout)
-"""
-
-
-@pytest.mark.slow
-def test_a_child_process_cannot_read_the_grading_process_memory():
-    nb = json.loads((REPO / "solutions" / CH00 / f"{CH00}.ipynb").read_text())
-    for cell in nb["cells"]:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "count_visit":
-            cell["source"] = GOOD + CHILD_READS_PARENT
-    graded = grading.grade(CH00, grading.read_manifest(CH00), nb)
+def test_the_learners_process_holds_nothing_of_the_graders():
+    graded = _grade00(GOOD + SEARCH)
     stdout = graded.cells["count_visit"].stdout
-    assert "DENIED" in stdout and "OPENED" not in stdout, stdout
-    assert graded.tasks[0].passed and graded.tasks[0].flags, graded.tasks[0].text()  # honest, but flagged
+    assert "FOUND []" in stdout, stdout
+    assert graded.tasks[0].passed, graded.tasks[0].text()  # an honest answer that looks around keeps its points
+
+
+#: Attempts that change the grader in the learner's own process, with a wrong answer: it must stay wrong.
+PATCHES = {
+    "a check swapped in the registry": (
+        "from autograder import harness\n"
+        "harness.REGISTRY['count_visit'] = harness.Task('count_visit', '00', 2, lambda r, f: None, ('count_visit',), '')\n"
+    ),
+    "the report's expect made to pass": "import autograder.harness as _h\n_h.Report.expect = lambda self, c, *a, **k: True\n",
+    "the harness patched, put back by a finalizer": (
+        "import autograder.harness as _h\n_real = _h.Report.fail\n_h.Report.fail = lambda self, *a, **k: None\n"
+        "class _Back:\n    def __del__(self):\n        _h.Report.fail = _real\n_b = _Back()\n_b.me = _b\n"
+    ),
+    "the check's own Stop raised": (
+        "import autograder.harness as _h\n_real_cv = count_visit\n"
+        "async def count_visit(redis, pool, page):\n    raise _h.Stop('nothing to see')\n"
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PATCHES))
+def test_patching_the_grader_in_the_learners_process_changes_nothing(name):
+    task = _grade00(WRONG + PATCHES[name]).tasks[0]
+    assert task.points == 0 and "[FAIL]" in task.text(), task.text()
+
+
+@pytest.mark.slow
+def test_garbage_on_the_wire_earns_nothing_and_breaks_no_grader():
+    """The learner's end of the socket is its own: what it writes there is a broken protocol, no grade."""
+    answer = GOOD + (
+        "import os, sys, struct\n"
+        "_fd = int(sys.argv[1])\n"
+        '_msg = b\'{"op": "reply", "id": 1, "ok": 2}\'\n'
+        "os.write(_fd, struct.pack('>I', len(_msg)) + _msg + b'not a frame at all')\n"
+    )
+    graded = _grade00(answer)
+    task = graded.tasks[0]
+    assert task.points == 0, task.text()
+    assert "ended or stopped answering" in task.text() or "ended its process" in task.text(), task.text()
+
+
+# ----------------------------------------------------------------------------- the servers
+
+ESCAPES = """
+import os
+async def _try(pool, redis):
+    out = []
+    async with pool.connection() as conn:
+        for sql in ("SELECT pg_read_file('/etc/hostname')",
+                    "COPY (SELECT 1) TO PROGRAM 'touch {marker}-pg'",
+                    "SELECT lo_export(lo_create(0), '{marker}-lo')",
+                    "SET ROLE postgres"):
+            try:
+                await conn.execute(sql)
+                out.append("PG ALLOWED " + sql)
+            except Exception as e:
+                out.append("PG REFUSED " + type(e).__name__)
+    for cmd in (("CONFIG", "SET", "dir", "{folder}"), ("SAVE",), ("MODULE", "LOAD", "{marker}.so"),
+                ("AUTH", "default", "x"), ("FLUSHALL",), ("SELECT", "0")):
+        try:
+            await redis.execute_command(*cmd)
+            out.append("REDIS ALLOWED " + cmd[0])
+        except Exception as e:
+            out.append("REDIS REFUSED " + cmd[0])
+    return out
+import asyncio
+for _line in await _try(pool, redis):
+    print(_line)
+"""
+
+
+@pytest.mark.slow
+def test_the_servers_give_learner_code_nothing_to_escape_with(tmp_path):
+    marker = tmp_path / "owned"
+    graded = _grade00(GOOD + ESCAPES.format(marker=marker, folder=tmp_path))
+    stdout = graded.cells["count_visit"].stdout
+    assert "ALLOWED" not in stdout and stdout.count("REFUSED") == 10, stdout
+    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())  # nothing written on the grading machine
+
+
+@pytest.mark.slow
+def test_a_learner_cannot_reach_another_learners_run():
+    """Two runs at once: the second learner lists the databases and Redis logical databases, and tries
+    the first one's; every door is shut, and the first learner's grade is its own."""
+    reach = GOOD + (
+        "import psycopg, os\n"
+        "_found = []\n"
+        "async with pool.connection() as _c:\n"
+        "    _names = [r[0] for r in await (await _c.execute(\"SELECT datname FROM pg_database WHERE datname LIKE 'course_grade%'\")).fetchall()]\n"
+        "_url = os.environ['DATABASE_URL']\n"
+        "for _n in _names:\n"
+        "    try:\n"
+        "        await (await psycopg.AsyncConnection.connect(_url.replace(_url.split('@/')[1].split('?')[0], _n))).close()\n"
+        "        _found.append(_n)\n"
+        "    except Exception:\n"
+        "        pass\n"
+        "for _db in range(1, 64):\n"
+        "    try:\n"
+        "        await redis.execute_command('SELECT', _db)\n"
+        "        _found.append(_db)\n"
+        "    except Exception:\n"
+        "        pass\n"
+        "print('REACHED', len(_found))\n"
+    )
+    results = {}
+
+    def one(name, answer):
+        results[name] = _grade00(answer)
+
+    threads = [threading.Thread(target=one, args=("honest", GOOD)), threading.Thread(target=one, args=("reach", reach))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results["honest"].tasks[0].passed, results["honest"].tasks[0].text()
+    # its own database and its own logical database only (the one it is on, asked for again)
+    assert "REACHED 2" in results["reach"].cells["count_visit"].stdout, results["reach"].cells["count_visit"].stdout
+
+
+@pytest.mark.slow
+def test_nothing_learner_code_starts_outlives_its_grading(tmp_path):
+    marker = tmp_path / "still-here"
+    answer = GOOD + (
+        "import subprocess\n"
+        f"subprocess.Popen(['sh', '-c', 'sleep 3; touch {marker}'], start_new_session=True)\n"
+        f"open('{REPO}/planted.txt', 'w').write('x') if False else None\n"
+    )
+    graded = _grade00(answer)
+    assert graded.tasks[0].passed, graded.tasks[0].text()
+    import time
+
+    time.sleep(4)
+    assert not marker.exists(), "a process the answer started outlived its sandbox"
+    out = subprocess.run(["pgrep", "-f", f"touch {marker}"], capture_output=True, text=True).stdout
+    assert not out.strip(), out
 
 
 @pytest.mark.parametrize(
@@ -332,7 +294,7 @@ def _grade_one(chapter: str, task_id: str, answer: str) -> grading.TaskGrade:
     for cell in nb["cells"]:
         if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == task_id:
             cell["source"] = answer
-    (task,) = grading.grade(chapter, trusted, nb).tasks
+    (task,) = grading.grade(chapter, trusted, nb, sandbox=settings.SANDBOX).tasks
     return task
 
 
@@ -348,13 +310,42 @@ def _grade_one(chapter: str, task_id: str, answer: str) -> grading.TaskGrade:
         "async def top_and_rank(r, n, player):\n"
         "    f = _impl.setdefault('f', getattr(importlib.import_module('course.leaderboard'), 'top_' + 'and_rank'))\n"
         "    return await f(r, n, player)\n",
+        "import asyncio\nfrom course.leaderboard import top_and_rank as _ref\n"
+        "async def top_and_rank(r, n, player):\n    return await asyncio.ensure_future(_ref(r, n, player))\n",
+        "import asyncio\nfrom course.leaderboard import top_and_rank as _ref\n"
+        "async def top_and_rank(r, n, player):\n    return (await asyncio.gather(_ref(r, n, player)))[0]\n",
+        "import types\nfrom course.leaderboard import top_and_rank as _ref\n"
+        "top_and_rank = types.FunctionType(_ref.__code__, _ref.__globals__)\n",
+        "import inspect, course.leaderboard as lb\n_src = inspect.getsource(lb.top_and_rank)\nexec(_src)\n",
     ],
-    ids=["re-exported", "a two-line wrapper", "through the module", "hidden behind a computed name"],
+    ids=[
+        "re-exported",
+        "a two-line wrapper",
+        "through the module",
+        "hidden behind a computed name",
+        "through the event loop",
+        "through gather",
+        "a copy of its code object",
+        "its source, read and run",
+    ],
 )
-def test_the_courses_reference_answer_earns_nothing(answer):
+def test_the_courses_reference_answer_is_not_there_to_call(answer):
     task = _grade_one("13_leaderboard", "top_and_rank", answer)
     assert task.points == 0, task.text()
-    assert "course.leaderboard.top_and_rank" in task.text(), task.text()
+    if "__code__" not in answer:  # a copy of the stub's code has lost its defaults: it fails before it raises
+        assert "course.leaderboard.top_and_rank is the course's own answer" in task.text(), task.text()
+
+
+@pytest.mark.slow
+def test_another_course_module_that_calls_the_reference_does_not_reach_it():
+    """Chapter 09's demo module calls chapter 09's reference paginator; in the sandbox that raises too."""
+    answer = (
+        "from course.chapters.ch09 import pages as _pages\n"
+        "async def keyset_page(pool, cursor, limit):\n"
+        "    return await _pages.posts_page(pool, cursor, limit, CURSOR_SECRET)\n"
+    )
+    task = _grade_one("09_data_access", "keyset_page", answer)
+    assert task.points == 0 and "is the course's own answer" in task.text(), task.text()
 
 
 @pytest.mark.slow
@@ -368,66 +359,6 @@ def test_a_later_chapter_that_imports_an_earlier_pattern_keeps_its_points():
     )
     task = _grade_one("12_url_shortener", "resolve", answer)
     assert task.passed, task.text()
-
-
-# ----------------------------------------------------------------------------- the run protocol
-
-
-def _job() -> dict:
-    return {
-        "cells": [
-            {"kind": "setup", "id": "s"},
-            {"kind": "answer", "id": "a"},
-            {"kind": "test", "id": "check_a", "task": "a"},
-            {"kind": "answer", "id": "b"},
-            {"kind": "test", "id": "check_b", "task": "b"},
-        ]
-    }
-
-
-def _events(*items: tuple) -> list[dict]:
-    out = []
-    for kind, ident in items:
-        key = "cell" if kind == "start" else "id"
-        out.append({"event": kind, key: ident} if kind != "done" else {"event": "done"})
-    return out
-
-
-HONEST = [
-    ("start", "s"),
-    ("cell", "s"),
-    ("start", "a"),
-    ("cell", "a"),
-    ("task-start", "a"),
-    ("task", "a"),
-    ("start", "b"),
-    ("cell", "b"),
-    ("task-start", "b"),
-    ("task", "b"),
-    ("done", ""),
-]
-
-
-def test_results_in_the_jobs_order_are_accepted():
-    assert grading.protocol_errors(_job(), _events(*HONEST)) == {}
-    cut = [e for e in HONEST if e != ("task", "a")]  # a task cut by an earlier run has no result
-    assert grading.protocol_errors(_job(), _events(*cut)) == {}
-
-
-@pytest.mark.parametrize(
-    "events, broken, why",
-    [
-        (HONEST[:6] + [("task", "a")] + HONEST[6:], {"a", "b"}, "a second result for a"),
-        (HONEST[:4] + [("task", "b")] + HONEST[4:], {"a", "b"}, "before its checks started"),
-        (HONEST[:3] + [("task-start", "a"), ("task", "a")], {"a", "b"}, "out of the job's order"),
-        (HONEST[:6] + [("done", ""), ("task-start", "b"), ("task", "b")], {"b"}, "out of the job's order"),
-    ],
-    ids=["a duplicate", "a result whose checks never started", "a task before its answer cell", "done too early"],
-)
-def test_results_out_of_protocol_earn_nothing(events, broken, why):
-    found = grading.protocol_errors(_job(), _events(*events))
-    assert set(found) == broken, found
-    assert any(why in v for v in found.values()), found
 
 
 # ----------------------------------------------------------------------------- the cache
@@ -573,12 +504,19 @@ def test_escape_and_introspection_primitives_are_flagged(source, phrase):
 
 
 FLAGGED_BUT_HONEST = GOOD + "import inspect\n_unused = inspect.isfunction\n"
+SUPERUSER_READER = WRONG + (
+    "try:\n"
+    "    async with pool.connection() as _c:\n"
+    "        await _c.execute(\"COPY (SELECT 1) TO PROGRAM 'id'\")\n"
+    "except Exception as _e:\n"
+    "    print('refused:', type(_e).__name__)\n"
+)
 
 
 @pytest.mark.slow
 def test_forgers_and_flagged_answers_through_course_grade_and_nbgrader(tmp_path, monkeypatch):
-    """`course grade` records through nbgrader's autograde: the forger earns nothing, the flagged
-    answer keeps its points and is flagged in the gradebook (what formgrader shows) and the summary."""
+    """`course grade` records through nbgrader's autograde: the forgers earn what their answers earn, the
+    honest learners keep theirs, and the flagged answer keeps its points and is flagged in the gradebook."""
     from autograder import classroom
 
     monkeypatch.setenv("COURSE_GRADER_STATE", str(tmp_path / "state"))
@@ -595,7 +533,8 @@ def test_forgers_and_flagged_answers_through_course_grade_and_nbgrader(tmp_path,
         capture_output=True,
     )
     answers = {
-        "forger": GOOD + FORGE + "import sys\ntry:\n    _forge(sys._getframe())\nexcept PermissionError:\n    pass\n",
+        "patcher": WRONG + PATCHES["the report's expect made to pass"],
+        "superuser": SUPERUSER_READER,
         "flagged": FLAGGED_BUT_HONEST,
         "honest": GOOD,
     }
@@ -611,9 +550,6 @@ def test_forgers_and_flagged_answers_through_course_grade_and_nbgrader(tmp_path,
     with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
         scores = {s.student.id: s.score for s in gb.assignment_submissions(CH00)}
         flagged = {s.student.id: s.notebooks[0].flagged for s in gb.assignment_submissions(CH00)}
-    assert scores == {"forger": 0, "flagged": 2, "honest": 2}, summary.text()
-    assert flagged == {"forger": True, "flagged": True, "honest": False}, flagged
-    text = summary.text()
-    assert "flagged (read it; graded as usual): flagged: count_visit: line" in text, text
-    assert "tampered: forger: count_visit: refused: sys._getframe" in text, text
-    assert "2 flagged" in text, text
+    assert scores == {"patcher": 0, "superuser": 0, "flagged": 2, "honest": 2}, summary.text()
+    assert flagged["flagged"] and flagged["patcher"] and not flagged["honest"], flagged
+    assert "2 flagged" in summary.text() or "3 flagged" in summary.text(), summary.text()

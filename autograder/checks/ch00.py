@@ -156,3 +156,7 @@ RULES: dict[str, list[Rule]] = {
 }
 
 REFERENCES: dict[str, list[str]] = {"count_visit": []}
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 2

@@ -25,6 +25,7 @@ from datetime import timedelta
 
 from autograder.harness import Report, cell_source, error_line, task
 from autograder.probes import REPO, _environment
+from autograder.wire import each  # a check's loop over keys: one round trip to the learner's process
 from course.chapters.ch09 import EPOCH, setup_posts
 from course.kit import lab
 from course.pagination import InvalidCursor
@@ -300,11 +301,6 @@ async def check_keyset_page(r: Report, keyset_page) -> None:
 
 
 async def _check_keyset_page(r: Report, keyset_page, pool) -> None:
-    import course.pagination
-    from course.chapters.ch09 import pages
-
-    if keyset_page in (pages.posts_page, course.pagination.fetch_page):
-        r.fail("keyset_page is the course's own reference imported from course/: write your own")
     table = Table(pool, r.random)
 
     # --- a quiet table: 23 rows, ties of 3, 5 a page ---------------------------------------
@@ -465,20 +461,30 @@ async def _check_keyset_page(r: Report, keyset_page, pool) -> None:
 NODES = [f"node-{i}" for i in range(10)]
 KEYS = [f"user:{i}" for i in range(10_000)]
 
+MARK = "ch09-ring-placement:"
 PROCESS = r"""
 import json, sys
+MARK = "ch09-ring-placement:"
 from autograder.child import build_namespace
 spec = json.loads(sys.stdin.read())
 ns = build_namespace(spec)
 ring = ns["HashRing"]()
 for node in spec["nodes"]:
     ring.add_node(node)
-print(json.dumps([ring.node_for(k) for k in spec["keys"]]))
+print("\n" + MARK + json.dumps([ring.node_for(k) for k in spec["keys"]]))  # after whatever the cell printed
 """
 
 
 def _in_process(r: Report, seed: int, keys: list[str]) -> list[str] | str:
     """``node_for`` of ``keys`` in a fresh Python started with ``PYTHONHASHSEED=seed``; or what failed."""
+    fresh = getattr(r.namespace, "fresh", None)
+    if fresh is not None:  # graded: one more learner process, sandboxed like the first
+        try:
+            with fresh(hashseed=seed) as ns:
+                ring = _build(ns["HashRing"], NODES)
+                return each(ring.node_for, keys)
+        except Exception as err:  # noqa: BLE001 - the answer's error, said in one line
+            return error_line(err, 160)
     found = cell_source(r.namespace["HashRing"])
     if found is None:
         return "cannot find the cell that defines HashRing; run it again"
@@ -497,7 +503,10 @@ def _in_process(r: Report, seed: int, keys: list[str]) -> list[str] | str:
         return "the process did not answer within 30 s"
     if done.returncode != 0:
         return (done.stderr.strip().splitlines() or ["exited with an error"])[-1][:160]
-    return json.loads(done.stdout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
+    if not lines:
+        return "the process printed no placement"
+    return json.loads(lines[-1][len(MARK) :])
 
 
 def _build(HashRing, nodes):
@@ -511,22 +520,18 @@ def _build(HashRing, nodes):
     "hash_ring", points=5, title="a consistent-hash ring with virtual nodes", needs=("HashRing",), timeout=60, seed=911
 )
 async def check_hash_ring(r: Report, HashRing) -> None:
-    import course.sharding
-
-    if HashRing is course.sharding.HashRing:
-        r.fail("HashRing is the course's reference class imported from course.sharding: write your own")
     ring = _build(HashRing, NODES[:4])
     sample = KEYS[:1000]
-    first = [ring.node_for(k) for k in sample]
+    first = each(ring.node_for, sample)
     strange = sorted({n for n in first if n not in NODES[:4]})
     r.expect(not strange, "4 nodes: node_for returned one of them for 1,000 keys", f"node_for returned {strange[:3]}")
-    again = [ring.node_for(k) for k in sample]
+    again = each(ring.node_for, sample)
     r.expect(again == first, "asked again, every key went to the same node", "asked twice, some keys changed node")
     if r.public:
         return
 
     ten = await asyncio.to_thread(_build, HashRing, NODES)
-    before = await asyncio.to_thread(lambda: [ten.node_for(k) for k in KEYS])
+    before = await asyncio.to_thread(lambda: each(ten.node_for, KEYS))
     counts = {n: before.count(n) for n in NODES}
     mean = len(KEYS) / len(NODES)
     worst = max(NODES, key=lambda n: abs(counts[n] - mean))
@@ -544,7 +549,7 @@ async def check_hash_ring(r: Report, HashRing) -> None:
     )
 
     backwards = await asyncio.to_thread(_build, HashRing, NODES[::-1])
-    other = await asyncio.to_thread(lambda: [backwards.node_for(k) for k in KEYS])
+    other = await asyncio.to_thread(lambda: each(backwards.node_for, KEYS))
     differ = sum(a != b for a, b in zip(before, other, strict=True))
     r.expect(
         differ == 0,
@@ -554,7 +559,7 @@ async def check_hash_ring(r: Report, HashRing) -> None:
     )
 
     copy = await asyncio.to_thread(_build, r.replicas("HashRing", 1)[0], NODES)
-    theirs = await asyncio.to_thread(lambda: [copy.node_for(k) for k in KEYS])
+    theirs = await asyncio.to_thread(lambda: each(copy.node_for, KEYS))
     r.expect(theirs == before, "a second replica of the answer cell agrees on every key", "a second replica disagrees")
 
     r.note("two fresh Python processes, PYTHONHASHSEED=1 and PYTHONHASHSEED=2, each builds the 10-node ring")
@@ -573,7 +578,7 @@ async def check_hash_ring(r: Report, HashRing) -> None:
     )
 
     ten.add_node("node-10")
-    after = await asyncio.to_thread(lambda: [ten.node_for(k) for k in KEYS])
+    after = await asyncio.to_thread(lambda: each(ten.node_for, KEYS))
     moved = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
     share = len(moved) / len(KEYS)
     sideways = sum(b != "node-10" for a, b in moved)
@@ -595,7 +600,7 @@ async def check_hash_ring(r: Report, HashRing) -> None:
         )
 
     ten.remove_node("node-3")
-    gone = await asyncio.to_thread(lambda: [ten.node_for(k) for k in KEYS])
+    gone = await asyncio.to_thread(lambda: each(ten.node_for, KEYS))
     wrongly = sum(a != b for a, b in zip(after, gone, strict=True) if a != "node-3")
     left = sum(g == "node-3" for g in gone)
     r.expect(
@@ -604,3 +609,7 @@ async def check_hash_ring(r: Report, HashRing) -> None:
         f"node-3 removed: {left:,} keys still on it, {wrongly:,} keys of other nodes moved; remove only node-3's "
         "points and leave every other point where it was",
     )
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 2

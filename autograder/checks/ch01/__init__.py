@@ -26,7 +26,7 @@ import httpx
 from autograder.checks.ch01.common import REAL_LIMIT, Cut, bounded, cut_message
 from autograder.checks.ch01.versions import CORRECT, MUTANTS
 from autograder.harness import Report, task
-from autograder.probes import fmt, seeded_random
+from autograder.probes import fmt, seeded_random, settled
 from course.chapters.ch01 import live_errors
 from course.kit.faults import DependencyError, FlakyDependency, Schedule, VirtualClock
 from course.retry import is_retryable as reference_is_retryable
@@ -490,10 +490,7 @@ async def _check_with_retry(r: Report, with_retry) -> None:
     clock = VirtualClock()
     dep = FlakyDependency(Schedule("hang"), clock=clock, name="report")
     job = asyncio.ensure_future(with_retry(dep, retryable=rs, sleep=Sleeps(clock), rand=lambda: 0.5))
-    for _ in range(200):
-        if dep.running:
-            break
-        await asyncio.sleep(0)
+    await settled()  # until the attempt hangs (or the answer stopped before it)
     job.cancel()
     done, _ = await asyncio.wait({job}, timeout=REAL_LIMIT)
     what = "the caller cancels while an attempt hangs"

@@ -680,3 +680,7 @@ async def _check_consume(r: Report, consume, pool, watcher, ns) -> None:
 from autograder.checks.ch03.rules import REFERENCES, RULES  # noqa: E402 - the rule tables, kept beside the checks
 
 __all__ = ["REFERENCES", "RULES"]
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 2

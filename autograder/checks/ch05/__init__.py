@@ -255,3 +255,7 @@ REFERENCES: dict[str, list[str]] = {
     "ordered_consumer": ["course.messaging:ordered_consumer"],
     "replay_key": ["course.messaging:replay_key"],
 }
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 2

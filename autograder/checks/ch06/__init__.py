@@ -240,3 +240,7 @@ REFERENCES: dict[str, list[str]] = {
     "order_saga": [],
     "outbox_relay": ["course.outbox:relay_batch", "course.chapters.ch06.events:place_order_outbox"],
 }
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 3

@@ -231,3 +231,7 @@ REFERENCES: dict[str, list[str]] = {
     "account_projection": ["course.projections:apply_events", "course.projections:rebuild_balances"],
     "search_indexer": ["course.search:index_event", "course.search:search"],
 }
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 2

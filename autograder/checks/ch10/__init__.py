@@ -455,3 +455,7 @@ async def _check_refused_reserve(r: Report, buy, pool) -> None:
 
 from autograder.checks.ch10 import transfer  # noqa: E402,F401 - registers the transfer task, after buy
 from autograder.checks.ch10.rules import REFERENCES, RULES  # noqa: E402,F401 - the rule tables, beside the checks
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 2

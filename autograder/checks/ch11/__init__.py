@@ -163,3 +163,7 @@ REFERENCES: dict[str, list[str]] = {
     "view_counter": ["course.counters:BatchedCounter"],
     "send_message": ["course.chat:send_message"],
 }
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 2

@@ -10,7 +10,6 @@ a grading run is far shorter than any real interval, so waiting for it would pro
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
 from collections import Counter
 
@@ -20,7 +19,7 @@ from autograder.checks.ch11.common import REPLICAS
 from autograder.checks.ch11.common import attempt as _try
 from autograder.checks.ch11.common import settle as _settle
 from autograder.harness import Report, error_line, task
-from autograder.probes import SETTLE_LIMIT
+from autograder.probes import SETTLE_LIMIT, AnswerLoop, settled
 from course.chapters.ch11 import rig
 from course.kit import lab
 
@@ -54,51 +53,24 @@ def _verdict(got: dict, want: dict) -> str:
     return f"{less} view(s) lost and {more} counted twice"
 
 
-def _timers(loop) -> list:
-    """The loop's pending timers (``call_later``/``call_at`` handles: ``asyncio.sleep``, timeouts)."""
-    return [h for h in getattr(loop, "_scheduled", ()) if not h.cancelled()]
-
-
-def _fire_timers(loop, old: list) -> int:
-    """Make every pending timer that is not in ``old`` due now, as if its interval had passed;
-    how many. An asyncio loop keeps its timers in a heap ordered by due time (``_scheduled``)."""
-    known = {id(h) for h in old}  # ``old`` keeps those handles alive, so no id is reused meanwhile
-    now = loop.time()
-    moved = 0
-    for h in _timers(loop):
-        if id(h) not in known and h.when() > now:
-            h._when = now
-            moved += 1
-    if moved:
-        heapq.heapify(loop._scheduled)
-    return moved
-
-
-def _left_running(loop, old: list, old_tasks: set) -> bool:
-    """Whether the answer left a timer or a task running since ``old`` / ``old_tasks``."""
-    known = {id(h) for h in old}
-    return any(id(h) not in known for h in _timers(loop)) or any(not t.done() for t in asyncio.all_tasks() - old_tasks)
-
-
 async def _rows_now(watcher) -> int:
     cur = await watcher.execute("SELECT count(*) FROM view_counts")
     return (await cur.fetchone())[0]
 
 
-async def _after_timers(loop, old: list, watcher) -> bool:
+async def _after_timers(answer: AnswerLoop, old, watcher) -> bool:
     """Fire the timers the answer left running since ``old`` (a ticker's sleep, a delayed flush),
     again for the ones they set next, until view_counts has a row or TIMER_WAIT s of real time
     have passed; True if a row was written. Nothing to wait for when the answer left no timer."""
-    for _ in range(10):  # let a task made in __init__ or view() run up to its first wait
-        await asyncio.sleep(0)
-    if not _fire_timers(loop, old):
+    await settled()  # let a task made in __init__ or view() run up to its first wait
+    if not answer.fire(old):
         return False
     deadline = time.monotonic() + TIMER_WAIT
     while time.monotonic() < deadline:
         await asyncio.sleep(0.005)
         if await _rows_now(watcher):
             return True
-        _fire_timers(loop, old)
+        answer.fire(old)
     return bool(await _rows_now(watcher))
 
 
@@ -123,8 +95,8 @@ async def check_view_counter(r: Report, ViewCounter) -> None:
 
 async def _check_view_counter(r: Report, ViewCounter, pool, watcher, ns) -> None:
     want: Counter[str] = Counter()
-    loop = asyncio.get_running_loop()
-    old, old_tasks = _timers(loop), asyncio.all_tasks()
+    answer = AnswerLoop(r)
+    old = answer.mark()
     c = ViewCounter(pool, max_views=10)
     for item in ["a"] * 6 + ["b"] * 3:
         await c.view(item)
@@ -132,13 +104,13 @@ async def _check_view_counter(r: Report, ViewCounter, pool, watcher, ns) -> None
     r.note("9 views with max_views=10; then every timer the counter left running (a ticker, a delayed")
     r.note("flush) is fired at once, as if its interval had passed, however long that interval is")
     early = await _counts_seen(watcher)  # not through the pool: the check leaves no timer of its own
-    running = _left_running(loop, old, old_tasks)
+    running = answer.left_running(old)
     if early and not running:
         r.fail(
             f"9 views with max_views=10: view_counts already holds {early}. Write nothing until max_views views "
             "are buffered (or flush() is called): one write per view is the design this task replaces"
         )
-    timed = bool(early) or await _after_timers(loop, old, watcher)
+    timed = bool(early) or await _after_timers(answer, old, watcher)
     r.expect(
         not timed,
         "nothing written, even after those timers went off: the 9 views wait in the buffer",
@@ -214,8 +186,7 @@ async def _check_view_counter(r: Report, ViewCounter, pool, watcher, ns) -> None
         elif not settled:
             r.note(f"that flush did not reach PostgreSQL within {SETTLE_LIMIT:g} s; going on")
         late = [asyncio.create_task(_try(a.view(item))) for item in ["v1"] * 10 + ["v3"] * 5]
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await settled()  # the late views run up to where they wait
         want.update(["v1"] * 10 + ["v3"] * 5)
         await locker.execute("COMMIT")
     finally:

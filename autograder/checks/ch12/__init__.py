@@ -265,3 +265,7 @@ REFERENCES: dict[str, list[str]] = {
     "create_link": ["course.shortener:create_link"],
     "resolve": ["course.shortener:resolve"],
 }
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 2

@@ -15,6 +15,9 @@ OTHER_KEY = b"another deployment's secret key"  # a replica configured with this
 def _with_key(r: Report, key: bytes, ids: list[int]) -> list:
     """The codes of ``ids`` from a replica of the answer cell run with ``CODE_KEY = key`` (in the notebook's
     names and in course.shortener, wherever the cell takes it from)."""
+    remote = getattr(r.namespace, "call_with", None)
+    if remote is not None:  # graded: the replica is made, and called, in the learner's process
+        return remote("encode_code", {"CODE_KEY": key}, {"course.shortener": {"CODE_KEY": key}}, [[n] for n in ids])
     saved_ns, saved_mod = r.namespace.get("CODE_KEY"), shortener.CODE_KEY
     r.namespace["CODE_KEY"] = shortener.CODE_KEY = key
     try:

@@ -14,6 +14,9 @@ from course.chapters import ch12
 from course.idempotency import IdempotencyKeyReused, RequestInProgress, retry_in_progress
 from course.kit import lab
 from course.retry import with_retry
+from course.shortener import (
+    decode_code as course_decode,
+)  # bound now: in the kernel the references raise while a check runs (autograder/references.py)
 
 # ============================================================================ create_link
 
@@ -266,9 +269,9 @@ async def _check_create_link(r: Report, create_link, pool, watcher) -> None:
 
 async def _check_codes_are_ids(r: Report, pool, made: list) -> None:
     """Each generated code is encode_code of the link's own id, an id the sequence handed out."""
-    decoders = [shortener.decode_code]
+    decoders = [course_decode]
     own = r.namespace.get("decode_code")
-    if callable(own) and own is not shortener.decode_code:
+    if callable(own) and own is not course_decode:
         decoders.append(own)
     async with pool.connection() as conn:
         (last,) = await (await conn.execute("SELECT last_value FROM link_ids")).fetchone()

@@ -252,3 +252,7 @@ REFERENCES: dict[str, list[str]] = {
     "rebuild_board": ["course.leaderboard:rebuild"],
     "merge_top": ["course.leaderboard:merge_top"],
 }
+
+#: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
+#: starts them together and runs every cell in each (autograder/session.py).
+PROCESSES = 2

@@ -1,0 +1,701 @@
+"""One grading run's learner processes, as the grader's process sees them (issue 40).
+
+A :class:`Session` makes the run's privileges (:mod:`autograder.privileges`), the notebook's
+namespace, and the gateways the sandbox reaches instead of the servers
+(:mod:`autograder.gateways`); it starts learner processes (:mod:`autograder.learner`) in the
+sandbox, runs cells in them, and gives the checks a :class:`RemoteNamespace`: the learner's
+names, as proxies, in a mapping the harness reads like a notebook's globals.
+
+Replicas are processes: :meth:`Session.replicas` gives copy *i* of a name from learner process
+*i* (process 0 is the main one; the others replay the same cells), so state a replica keeps in
+its process (a lock, a dict, a module global) is never shared with another.
+
+The grader's objects a learner may use are listed in :data:`EXPOSED` (a virtual clock is
+callable and has ``time`` and ``sleep``; nothing else of it); any other callable the checks pass
+in can only be called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+from autograder import gateways, references, values, wire
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def _exposed() -> list[tuple[type, frozenset[str]]]:
+    """The checks' objects learner code may use, and what of each (the API its task's text names)."""
+    from course.breaker import CircuitBreaker
+    from course.kit.faults import FlakyDependency, VirtualClock
+
+    return [
+        (VirtualClock, frozenset({"__call__", "time", "sleep"})),
+        (FlakyDependency, frozenset({"__call__"})),
+        (CircuitBreaker, frozenset({"call", "state"})),
+    ]
+
+
+_REDIS_DUNDERS = frozenset(
+    {"__call__", "__await__", "__aenter__", "__aexit__", "__aiter__", "__anext__", "__enter__", "__exit__"}
+)
+
+
+def _pg_api(obj) -> bool:
+    """A psycopg pool, connection, cursor or transaction (or a check's subclass of one)."""
+    return any(c.__module__.split(".")[0] in ("psycopg", "psycopg_pool") for c in type(obj).__mro__[:-1])
+
+
+def _context_manager(obj) -> bool:
+    import contextlib
+
+    return isinstance(obj, (contextlib._GeneratorContextManager, contextlib._AsyncGeneratorContextManager))  # noqa: SLF001
+
+
+def _redis_api(obj) -> type | None:
+    """The redis-py class whose API ``obj`` offers: a client, pipeline, script or pub/sub of the
+    checks', or a check's wrapper of one (it keeps the client as ``_client``); None for anything else."""
+    import redis
+    import redis.asyncio
+    from redis.asyncio.client import Pipeline, PubSub
+    from redis.asyncio.lock import Lock
+    from redis.commands.core import AsyncScript, Script
+    from redis.lock import Lock as SyncLock
+
+    for kind in (Pipeline, redis.client.Pipeline, PubSub, redis.client.PubSub, AsyncScript, Script, Lock, SyncLock):
+        if isinstance(obj, kind):
+            return kind
+    if isinstance(obj, (redis.asyncio.Redis, redis.Redis)):
+        return type(obj).__mro__[[c.__module__.startswith("redis") for c in type(obj).__mro__].index(True)]
+    for attr in ("_client", "_pipe", "_redis"):  # a check's wrapper of one: it offers what the wrapped one does
+        inner = getattr(obj, attr, None)
+        if inner is not None and not isinstance(inner, (str, bytes, int)):
+            found = _redis_api(inner)
+            if found is not None:
+                return found
+    return None
+
+
+class GraderPolicy(wire.Policy):
+    """What learner code may do with the grader's objects: call what the checks handed in, no more.
+
+    A virtual clock: call it, ``time``, ``sleep``. A Redis client of the checks' (one that counts or
+    holds round trips): every public method, because it is connected as the run's ACL user
+    (:meth:`Session._grant`), so the server refuses what the user may not do. A class of a check's
+    may name what it offers in ``__learner_api__``. Anything else: only a call, if it is callable.
+    """
+
+    trusting = False
+
+    def __init__(self) -> None:
+        self._exposed = _exposed()
+        self.stubbed: frozenset[str] = frozenset()  # the references kept from the learner: never by import
+        self.redis_gate = ""  # the socket of the checks' Redis gate (set by the session)
+        self.pg_role = ""  # the run's role (set by the session)
+
+    def allowed(self, obj, name: str) -> bool:
+        for cls, names in self._exposed:
+            if isinstance(obj, cls):
+                return name in names
+        api = getattr(type(obj), "__learner_api__", None)
+        if api is not None:
+            return name in api
+        if _pg_api(obj):  # a pool of the checks' (one that counts queries), its connections, cursors
+            return (not name.startswith("_") or name in _REDIS_DUNDERS) and self._as_run_role(obj)
+        if _context_manager(obj):
+            return name in _REDIS_DUNDERS
+        api = _redis_api(obj)
+        if api is not None:  # what a Redis client offers, no more (not a wrapper's own release())
+            offered = name in _REDIS_DUNDERS or (not name.startswith("_") and hasattr(api, name))
+            return offered and self._as_run_user(obj)
+        if name == "__call__":
+            return callable(obj) and not inspect.isclass(obj)
+        if name == "__await__":
+            return inspect.isawaitable(obj)
+        return False
+
+    def _as_run_user(self, obj) -> bool:
+        """Does ``obj`` reach Redis through the checks' gate, as the run's ACL user? (Never the course's admin.)"""
+        pool = getattr(obj, "connection_pool", None)
+        for inner in ("_client", "registered_client", "client"):
+            if pool is None and getattr(obj, inner, None) is not None:
+                pool = getattr(getattr(obj, inner), "connection_pool", None)
+        kwargs = getattr(pool, "connection_kwargs", None)
+        if kwargs is None:
+            return True  # a wrapper without a pool of its own (its calls reach a client checked the same way)
+        if kwargs.get("path") != self.redis_gate:
+            raise wire.Refused(
+                "a Redis client of the grader's that bypasses the run's gate cannot be handed to learner code"
+            )
+        return True
+
+    def _as_run_role(self, obj) -> bool:
+        """Is ``obj`` connected as the run's role? (Never hand learner code the course's superuser.)"""
+        from psycopg.conninfo import conninfo_to_dict
+
+        user = None
+        conninfo = getattr(obj, "conninfo", None)
+        if isinstance(conninfo, str):
+            user = conninfo_to_dict(conninfo).get("user")
+        for attr in ("connection", None):
+            conn = getattr(obj, attr) if attr else obj
+            info = getattr(conn, "info", None)
+            if user is None and info is not None and hasattr(info, "user"):
+                user = info.user
+        if user != self.pg_role:
+            raise wire.Refused(
+                "a PostgreSQL object of the grader's not connected as the run's role cannot be handed over"
+            )
+        return True
+
+    def resource(self, value) -> dict | None:
+        import psycopg_pool
+        import redis
+        import redis.asyncio
+
+        from autograder.lockstep import GatedRedis
+
+        if type(value) not in (
+            psycopg_pool.AsyncConnectionPool,
+            psycopg_pool.ConnectionPool,
+            redis.asyncio.Redis,
+            redis.Redis,
+            GatedRedis,
+        ):
+            return None  # a subclass of a check's (it counts or holds round trips): handed over as itself
+        if isinstance(value, (psycopg_pool.AsyncConnectionPool, psycopg_pool.ConnectionPool)):
+            if set(value.kwargs or {}) - {"autocommit", "prepare_threshold"} or value._configure or value._reset:  # noqa: SLF001
+                return None  # a pool that counts or shapes what it runs: handed over as itself
+            db = dict(_conninfo(value.conninfo)).get("dbname", "")
+            kwargs = {k: v for k, v in (value.kwargs or {}).items() if k in ("autocommit", "prepare_threshold")}
+            return {
+                "kind": "pg_pool",
+                "async": isinstance(value, psycopg_pool.AsyncConnectionPool),
+                "db": db,
+                "min_size": value.min_size,
+                "max_size": value.max_size,
+                "kwargs": kwargs,
+            }
+        if isinstance(value, (redis.asyncio.Redis, redis.Redis)):
+            kwargs = value.connection_pool.connection_kwargs
+            keep = {k: kwargs[k] for k in ("decode_responses", "socket_timeout") if k in kwargs}
+            return {
+                "kind": "redis",
+                "async": isinstance(value, redis.asyncio.Redis),
+                "db": kwargs.get("db", 0),
+                "kwargs": keep,
+            }
+        return None
+
+    def encode_special(self, value, encode, depth: int) -> list | None:
+        found = values.encode_course_value(value, encode, depth, imports=True, refused=self.stubbed)
+        if found is not None:
+            return found
+        module = type(value).__module__
+        if module.startswith("httpx"):
+            import httpx
+
+            if isinstance(value, httpx.Request):
+                return ["httpx", value.method, str(value.url), None, None]
+            if isinstance(value, httpx.Response):
+                request = value.request
+                return ["httpx", request.method, str(request.url), value.status_code, ["b", ""]]
+        return None
+
+
+def _conninfo(conninfo: str) -> list[tuple[str, str]]:
+    from psycopg.conninfo import conninfo_to_dict
+
+    return [(k, str(v)) for k, v in conninfo_to_dict(conninfo).items()]
+
+
+# ----------------------------------------------------------------------------- one process
+
+
+class LearnerGone(RuntimeError):
+    """The learner's process ended, or stopped answering."""
+
+
+class Learner:
+    """One sandboxed learner process, its gateways and its end of the wire."""
+
+    def __init__(self, session: Session, index: int, env: dict[str, str] | None = None) -> None:
+        self.session, self.index = session, index
+        self.history: list[tuple[str, str, str]] = []  # cells run here, in order
+        work = session.work / f"learner-{index}-{os.urandom(3).hex()}"
+        work.mkdir()
+        self.redis_gate = gateways.RedisGate(
+            session.gateways,
+            work / "redis.sock",
+            session.redis_target,
+            session.privileges.name,
+            session.privileges.password,
+            session.redis_dbs,
+            session.namespace.redis_db,
+        )
+        self.pg_gate = gateways.PostgresGate(
+            session.gateways, work / "pg", session.pg_port, session.pg_target, session.privileges.name
+        )
+        self.pg_gate.databases = session.databases
+        from autograder import sandbox as sb
+
+        nsdb = session.namespace
+        servers = {
+            "REDIS_URL": f"unix://{self.redis_gate.path}?db={nsdb.redis_db}",
+            "DATABASE_URL": (
+                f"postgresql://{session.privileges.name}:{session.privileges.password}@/{nsdb.name}"
+                f"?host={work / 'pg'}&port={session.pg_port}"
+            ),
+        }
+        self.box = sb.Sandbox(
+            workdir=work,
+            readonly=[Path(sys.base_prefix), Path(sys.prefix), REPO / "course", REPO / "autograder"],
+            servers=servers,
+            unsandboxed=session.unsandboxed,
+            hidden=[REPO / "autograder" / "checks", REPO / "autograder" / "manifests"],
+            overlays=session.stubs,
+        )
+        inside = self.box.env()
+        db_url = urlsplit(inside["DATABASE_URL"])
+        q = dict(parse_qsl(db_url.query))
+        config = {
+            "pg": f"host={q['host']} port={q['port']} user={session.privileges.name} password={session.privileges.password}",
+            "redis": inside["REDIS_URL"].split("?")[0],
+            "skew": (env or {}).get("skew", 0),
+            "stubs": session.stub_specs,
+        }
+        given = {
+            "name": nsdb.name,
+            "database_url": inside["DATABASE_URL"],
+            "redis_url": inside["REDIS_URL"],
+            "redis_db": nsdb.redis_db,
+        }
+        ours, theirs = socket.socketpair()
+        extra = {
+            "COURSE_LEARNER": json.dumps(config),
+            "COURSE_NAMESPACE": json.dumps(given),
+            "NBGRADER_EXECUTION": "autograde",
+            "PYTHONHASHSEED": str((env or {}).get("hashseed", 0)),
+        }
+        self.proc = self.box.popen(
+            [sys.executable, "-m", "autograder.learner", str(theirs.fileno())],
+            env=extra,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(theirs.fileno(),),
+        )
+        theirs.close()
+        self.output: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.conn = wire.Conn(ours, object(), session.policy, name=f"grader-{index}")
+        self.root = self.conn.root()
+        self.root._meta = {"k": "obj", "t": ["autograder.learner", "Root"], "m": _ROOT_METHODS, "d": []}
+
+    def _drain(self) -> None:
+        for raw in iter(self.proc.stdout.readline, b""):
+            self.output.append(raw.decode(errors="replace"))
+            del self.output[:-50]
+
+    @property
+    def alive(self) -> bool:
+        return self.conn.alive and self.proc.poll() is None
+
+    def why_gone(self) -> str:
+        code = self.proc.poll()
+        reason = self.box.reason(code, "".join(self.output)) if code is not None else None
+        return reason or self.conn.error or (f"exit code {code}" if code is not None else "stopped answering")
+
+    def kill(self) -> None:
+        self.conn.close()
+        with contextlib.suppress(Exception):
+            self.box.close()
+        self.redis_gate.close()
+        self.pg_gate.close()
+
+    async def exec_cell(self, kind: str, cell_id: str, source: str, timeout: float) -> dict:
+        result = await asyncio.wait_for(self.root.exec_cell(kind, cell_id, source), timeout)
+        self.history.append((kind, cell_id, source))
+        return result
+
+    async def replay(self, cells: list[tuple[str, str, str]], timeout: float) -> None:
+        """Run cells another process ran, quietly (their results were reported there)."""
+        for kind, cell_id, source in cells:
+            await self.exec_cell(kind, cell_id, source, timeout)
+
+
+_ROOT_METHODS = {
+    "exec_cell": True,
+    "names": False,
+    "has": False,
+    "get": False,
+    "replica": False,
+    "set": False,
+    "delete": False,
+    "call_with": False,
+    "fresh_namespace": False,
+    "release": False,
+    "collect": False,
+    "seed_random": False,
+    "restore_random": False,
+    "loop_mark": False,
+    "loop_fire": False,
+    "loop_left_running": False,
+}
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+class Session:
+    """A grading run's learners, privileges and gateways. Use as a context manager (it cleans up)."""
+
+    def __init__(self, chapter: str, *, unsandboxed: bool = False, cell_timeout: float = 60.0) -> None:
+        from autograder.privileges import RunPrivileges
+        from course.kit import backends, lab
+
+        started = time.perf_counter()
+        #: where a run's time goes (seconds): reported by the runner, read by benchmarks/run.py
+        self.phases: dict[str, float] = {}
+        self.chapter = chapter
+        self.unsandboxed = unsandboxed
+        self.cell_timeout = cell_timeout
+        self.policy = GraderPolicy()
+        self.work = Path(tempfile.mkdtemp(prefix="course-grade-"))
+        self.learners: list[Learner] = []
+        self.history: list[tuple[str, str, str]] = []  # the job's cells run so far (a new process replays them)
+        self.databases: set[str] = set()
+        self.redis_dbs: set[int] = set()
+        srv = backends.servers()
+        self.servers = srv
+        mark = time.perf_counter()
+        self.privileges = RunPrivileges(srv.database_url, srv.redis_url)
+        self.phases["role and ACL user"] = time.perf_counter() - mark
+
+        self.gateways = gateways.GatewayLoop()
+        self.control = gateways.GatewayLoop()  # runs cells in learner processes, from any thread
+        self.redis_target = _redis_target(srv.redis_url)
+        self.pg_target, self.pg_port = _pg_target(srv.database_url)
+        self.stubs, self.stub_specs = references.stubs(chapter, self.work / "stubs")
+        self.policy.stubbed = frozenset(self.stub_specs)
+        # the checks' own Redis clients go through a gate too (never held): as the run's ACL user, on the
+        # run's databases, so one handed to learner code (a client that counts round trips) is no more
+        self.check_gate = gateways.RedisGate(
+            self.gateways,
+            self.work / "checks-redis.sock",
+            self.redis_target,
+            self.privileges.name,
+            self.privileges.password,
+            self.redis_dbs,
+            0,
+        )
+        self.policy.redis_gate = str(self.check_gate.path)
+        self.policy.pg_role = self.privileges.name
+        self._hook = self._grant
+        lab.created_hooks.append(self._hook)
+        self.lock = threading.Lock()
+        mark = time.perf_counter()
+        self.namespace = lab.create(f"grade_{chapter}")
+        self.phases["database and Redis namespace"] = time.perf_counter() - mark
+        #: learner processes the chapter's checks use at once (``PROCESSES`` in its check modules): started
+        #: together, each runs every cell, so a replica is ready when a check asks for it
+        self.processes = max(1, int(references.declared(chapter, "PROCESSES", 1)))
+        self.phases["session in all"] = time.perf_counter() - started
+
+    # ---------------------------------------------------------------- namespaces
+
+    def _grant(self, ns) -> None:
+        """A namespace made in this process: the learner's role may use it, and the checks' own Redis
+        clients of it connect as the run's ACL user (anything of theirs learner code reaches is that user's)."""
+        self.privileges.grant(ns.name, ns.key_prefix)
+        self.databases.add(ns.name)
+        self.redis_dbs.add(ns.redis_db)
+        ns.redis_url = f"unix://{self.check_gate.path}?db={ns.redis_db}"
+        ns.learner_database_url = self.privileges.url(ns.name)
+
+    # ---------------------------------------------------------------- learners
+
+    def spawn(self, index: int, env: dict | None = None) -> Learner:
+        """Start learner process ``index`` from the control thread, which lives as long as the run
+        (bubblewrap ends its sandbox when the *thread* that started it ends)."""
+
+        async def start() -> Learner:
+            return Learner(self, index, env)
+
+        learner = self.control.run(start(), 120)
+        with self.lock:
+            self.learners.append(learner)
+        return learner
+
+    def start(self) -> None:
+        """Start every learner process the chapter uses (their interpreters start side by side)."""
+
+        async def start_all() -> list[Learner]:
+            return [Learner(self, i, None) for i in range(self.processes)]
+
+        mark = time.perf_counter()
+        made = self.control.run(start_all(), 120)
+        self.phases["sandboxes started"] = time.perf_counter() - mark
+        with self.lock:
+            self.learners.extend(made)
+
+    def _catch_up(self, learner: Learner) -> Learner:
+        missing = self.history[len(learner.history) :]
+        if missing:
+            limit = self.cell_timeout * len(missing) + 30
+            self.control.run(learner.replay(missing, self.cell_timeout), limit)
+        return learner
+
+    def learner(self, index: int = 0, env: dict | None = None) -> Learner:
+        """Learner process ``index``, alive and brought to where the run is (the cells so far replayed)."""
+        for x in self.learners:
+            if x.index == index and x.alive:
+                return self._catch_up(x)
+        return self._catch_up(self.spawn(index, env))
+
+    def main(self) -> Learner:
+        return self.learner(0)
+
+    def run_cell(self, kind: str, cell_id: str, source: str) -> dict:
+        """Run a job's cell in every replica process at once; process 0's result is the cell's. A cell that
+        overruns ends them (it is not replayed in the processes that start after)."""
+        replicas = [self.learner(i) for i in range(self.processes)]
+
+        async def everywhere() -> list:
+            runs = (x.exec_cell(kind, cell_id, source, self.cell_timeout) for x in replicas)
+            return await asyncio.gather(*runs, return_exceptions=True)
+
+        got = self.control.run(everywhere(), self.cell_timeout + 5)
+        if isinstance(got[0], BaseException):
+            for x in replicas[1:]:
+                self.forget(x)
+            raise got[0]
+        for x, result in zip(replicas[1:], got[1:], strict=True):
+            if isinstance(result, BaseException):
+                self.forget(x)  # started again, and brought up to date, when a check asks for it
+        self.history.append((kind, cell_id, source))
+        return got[0]
+
+    def forget(self, learner: Learner) -> None:
+        """End a learner process a check started for itself (a worker, a fresh replica)."""
+        learner.kill()
+        with self.lock:
+            self.learners = [x for x in self.learners if x is not learner]
+
+    def main_kill(self) -> str:
+        """End learner process 0 (it overran or died); why it is gone."""
+        why = "stopped answering"
+        for x in self.learners:
+            if x.index == 0:
+                why = x.why_gone() if not x.alive else why
+                x.kill()
+        self.learners = [x for x in self.learners if x.index != 0]
+        return why
+
+    async def settled(self, local_idle=None, *, redis: bool = False, busy=None) -> None:
+        """Until every learner process and this loop have nothing to run and nothing is on the wire.
+
+        ``redis``: also until no learner command is in flight at Redis (a lockstep round). ``busy``:
+        ``await busy()`` is True while something the loops cannot see is still working.
+        """
+        from course.kit.faults import _local_idle
+
+        local_idle = local_idle or _local_idle
+        while True:
+            await local_idle()
+            conns = [x.conn for x in self.learners if x.conn.alive]
+            pongs = await asyncio.gather(*(c.ping() for c in conns), return_exceptions=True)
+            await local_idle()
+            quiet = all(
+                not isinstance(p, BaseException) and p.get("received") == c.sent and c.received == p.get("sent", -2) + 1
+                for c, p in zip(conns, pongs, strict=True)
+            )
+            if quiet and redis and any(x.redis_gate.in_flight() for x in self.learners):
+                quiet = False
+                await asyncio.sleep(0.001)
+            if quiet and busy is not None and await busy():
+                quiet = False
+                await asyncio.sleep(0.002)
+            if quiet:
+                return
+
+    def close(self) -> None:
+        from course.kit import lab
+
+        with contextlib.suppress(ValueError):
+            lab.created_hooks.remove(self._hook)
+        for learner in self.learners:
+            learner.kill()
+        with contextlib.suppress(Exception):
+            lab._forget(self.namespace)  # noqa: SLF001
+        self.gateways.stop()
+        self.control.stop()
+        self.privileges.drop()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _with_user(url: str, user: str, password: str) -> str:
+    """``url`` (a Redis URL) logging in as ``user``."""
+    from urllib.parse import quote
+
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("username", "password")]
+        query += [("username", user), ("password", password)]
+        return f"unix://{parts.path}?" + "&".join(f"{k}={quote(v)}" for k, v in query)
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{quote(user)}:{quote(password)}@{host}").geturl()
+
+
+def _redis_target(url: str) -> tuple:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return ("unix", parts.path)
+    return ("tcp", parts.hostname or "localhost", parts.port or 6379)
+
+
+def _pg_target(url: str) -> tuple[tuple, int]:
+    info = dict(_conninfo(url))
+    host, port = info.get("host", "localhost"), int(info.get("port", 5432))
+    if host.startswith("/"):
+        return ("unix", f"{host}/.s.PGSQL.{port}"), port
+    return ("tcp", info.get("hostaddr") or host, port), port
+
+
+# ----------------------------------------------------------------------------- what checks see
+
+
+class RemoteNamespace(Mapping):
+    """The learner's globals in process 0, read through the wire; what :func:`harness.run_task` takes."""
+
+    def __init__(self, session: Session, learner: Learner) -> None:
+        self.session, self.learner = session, learner
+
+    def __getitem__(self, name: str):
+        if not self.learner.root.has(name):
+            raise KeyError(name)
+        return self.learner.root.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.learner.root.has(name)
+
+    def __iter__(self):
+        return iter(self.learner.root.names())
+
+    def __len__(self) -> int:
+        return len(self.learner.root.names())
+
+    def __setitem__(self, name: str, value) -> None:
+        self.learner.root.set(name, value)
+
+    def pop(self, name: str, default=None):
+        found = self.get(name, default)
+        self.learner.root.delete(name)
+        return found
+
+    def call_with(self, name: str, names: dict, modules: dict, calls: list) -> list:
+        """See :meth:`autograder.learner.Root.call_with`: a replica run with some globals set, then called."""
+        return self.learner.root.call_with(name, names, modules, calls)
+
+    def bind(self, loop: asyncio.AbstractEventLoop):
+        """While a check runs on ``loop``: virtual time waits for the learner processes too."""
+        from course.kit import faults
+
+        session = self.session
+
+        async def settle(local_idle) -> None:
+            await session.settled(local_idle)
+
+        from autograder import lockstep
+
+        faults.settle_beyond(loop, settle)
+        lockstep.REMOTE[id(loop)] = session
+        stack = contextlib.ExitStack()
+        stack.callback(faults.settle_beyond, loop, None)
+        stack.callback(lockstep.REMOTE.pop, id(loop), None)
+        return stack
+
+    def replicas(self, name: str, n: int) -> list:
+        """Copy ``i`` of ``name`` from learner process ``i`` (a fresh copy of its defining cell)."""
+        out = []
+        for i in range(n):
+            learner = self.learner if i == 0 else self.session.learner(i)
+            out.append(learner.root.replica(name))
+        return out
+
+    def workers(self, name: str, redis_url: str, skews: tuple[float, ...]):
+        from autograder import processes
+
+        return processes.Workers(self.session, name, redis_url, skews)
+
+    @contextlib.contextmanager
+    def fresh(self, **env):
+        """A namespace of a new learner process (``hashseed=``, ``skew=``), ended when the block is."""
+        from autograder import processes
+
+        learner = self.session.learner(next(processes._indices), env)  # noqa: SLF001
+        try:
+            yield RemoteNamespace(self.session, learner)
+        finally:
+            self.session.forget(learner)
+
+    def fresh_process(self, calls: list, hashseed: int) -> list:
+        from autograder import processes
+
+        return processes.in_fresh_process(self.session, calls, hashseed)
+
+    def after_task(self) -> None:
+        for learner in self.session.learners:
+            if learner.alive:
+                with contextlib.suppress(Exception):
+                    learner.root.collect()
+                    learner.root.release()
+                learner.conn.release_all()
+
+
+def wait_alive(proc: subprocess.Popen, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def grade_source(task_id: str, source: str, *, sandbox: bool = False):
+    """Grade one answer cell's ``source`` for ``task_id`` across the boundary, as grading does (the
+    tests hold every kept answer to this and to the in-process harness)."""
+    from autograder import harness
+
+    task = harness.get_task(task_id)
+    with Session(task.chapter, unsandboxed=not sandbox) as session:
+        got = session.run_cell("answer", task_id, source)
+        if not got.get("ok") and "NotImplementedError" not in str(got.get("error")):
+            pass  # the checks say what is missing, as in grading
+        namespace = RemoteNamespace(session, session.main())
+        result = harness.run_task(task, namespace)
+        namespace.after_task()
+        return result
