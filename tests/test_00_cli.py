@@ -87,3 +87,20 @@ def test_course_doctor_checks_every_dependency_the_package_declares():
     }
     checked = {dist.lower() for dist, _ in cli.REQUIREMENTS} | cli.NOT_IMPORTED
     assert declared <= checked, f"course doctor does not check {sorted(declared - checked)}"
+
+
+def test_the_editable_install_is_a_plain_path_entry_so_pip_prints_no_build_warning():
+    """`make lab` and `make doctor` install the repository with `pip install -e`. For a flat layout
+    without a declared package folder, setuptools installs an import finder and warns about it
+    (BuildBackendWarning: "Editable installation ... be careful with folders in your working
+    directory"), which pip shows even with --quiet; with the root declared as the packages' folder
+    it writes a plain .pth entry and says nothing. This is setuptools' own test of that layout."""
+    import tomllib
+
+    from setuptools import find_packages
+    from setuptools.command.editable_wheel import _simple_layout
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package_dir = config["package-dir"]
+    packages = find_packages(str(REPO), include=config["packages"]["find"]["include"])
+    assert set(package_dir) == {""} and _simple_layout(packages, package_dir, REPO)
