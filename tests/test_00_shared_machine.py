@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -32,36 +33,74 @@ def test_doctor_names_a_package_that_needs_a_newer_python():
 # ----------------------------------------------------------------------------- the account's own folder
 
 
-def test_the_runtime_folder_is_the_accounts_own_and_closed(tmp_path, monkeypatch):
+@pytest.fixture
+def runtime_env(tmp_path, monkeypatch):
+    """No login session's runtime folder, a temporary folder and a home cache of the test's own."""
     monkeypatch.delenv("COURSE_STATE_DIR", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(backends, "_noticed", set())
+    monkeypatch.setattr(backends, "_fresh", None)
+    (tmp_path / "run").mkdir(mode=0o755)  # root's /run: a folder only its owner writes in
+    monkeypatch.setattr(backends, "ROOT_RUNTIME", tmp_path / "run" / "resilient-course")
+    return tmp_path
+
+
+def _squat_proof(base: Path) -> Path:
+    """Where an account's servers go when the temporary folder's name is taken: root's /run, else the home's."""
+    if os.getuid() == 0:
+        return base / "run" / "resilient-course"
+    return base / "cache" / "resilient-course" / f"run-{socket.gethostname()}"
+
+
+def test_the_runtime_folder_is_the_accounts_own_and_closed(runtime_env):
     path = backends.state_dir()
-    assert path == tmp_path / f"resilient-course-{os.getuid()}"
+    assert path == runtime_env / f"resilient-course-{os.getuid()}"
     assert stat.S_IMODE(path.stat().st_mode) == 0o700 and path.stat().st_uid == os.getuid()
 
 
-def test_a_login_sessions_runtime_folder_is_used_when_it_is_the_accounts(tmp_path, monkeypatch):
-    monkeypatch.delenv("COURSE_STATE_DIR", raising=False)
-    xdg = tmp_path / "run-user"
+def test_a_login_sessions_runtime_folder_is_used_when_it_is_the_accounts(runtime_env, monkeypatch):
+    xdg = runtime_env / "run-user"
     xdg.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
     assert backends.state_dir() == xdg / "resilient-course"
     xdg.chmod(0o777)  # not a private folder: not used
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    assert backends.state_dir() == tmp_path / f"resilient-course-{os.getuid()}"
+    assert backends.state_dir() == runtime_env / f"resilient-course-{os.getuid()}"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder that belongs to another account")
-def test_a_runtime_folder_made_by_another_account_is_refused_with_what_to_do(tmp_path, monkeypatch):
-    monkeypatch.delenv("COURSE_STATE_DIR", raising=False)
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    planted = tmp_path / f"resilient-course-{os.getuid()}"
+def test_a_runtime_folder_another_account_made_is_left_alone_for_one_it_cannot_make(runtime_env, capsys):
+    planted = runtime_env / f"resilient-course-{os.getuid()}"
     planted.mkdir(mode=0o777)
-    os.chown(planted, 65534, 65534)  # nobody
-    with pytest.raises(backends.BackendError, match="belongs to uid 65534.*COURSE_STATE_DIR"):
-        backends.state_dir()
+    os.chown(planted, 65534, 65534)  # nobody made it first
+    home = _squat_proof(runtime_env)
+    assert backends.state_dir() == home and backends.runtime_dir() == home
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and home.stat().st_uid == os.getuid()
+    assert not list(planted.iterdir()) and planted.stat().st_uid == 65534, "the planted folder was used"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # named once per process, however often the folder is asked for
+    assert f"{planted} belongs to uid 65534, not to this account" in err[0] and f"use {home} instead" in err[0]
+    assert f"sudo rm -r {planted}" in err[0]
+    os.rmdir(planted)  # removed: the home's folder stays in use, so that `course down` finds `course up`
+    assert backends.runtime_dir() == home
+
+
+def test_a_runtime_folder_that_is_a_link_or_a_file_is_not_followed(runtime_env, capsys):
+    planted = runtime_env / f"resilient-course-{os.getuid()}"
+    planted.symlink_to(runtime_env / "elsewhere")
+    assert backends.runtime_dir() == _squat_proof(runtime_env) and not (runtime_env / "elsewhere").exists()
+    assert "is a symbolic link" in capsys.readouterr().err
+
+
+def test_without_a_home_to_use_a_fresh_folder_of_its_own_is_made(runtime_env, monkeypatch, capsys):
+    (runtime_env / f"resilient-course-{os.getuid()}").write_text("planted")
+    (runtime_env / "cache").write_text("not a folder")  # no folder can be made under the home
+    (runtime_env / "run").chmod(0o777)  # nor in root's /run, open to everyone here
+    first = backends.runtime_dir()
+    assert first.parent == runtime_env and first.name.startswith(f"resilient-course-{os.getuid()}-")
+    assert backends.runtime_dir() == first and stat.S_IMODE(first.stat().st_mode) == 0o700
+    assert "is not a folder" in capsys.readouterr().err
 
 
 def test_embedded_postgres_takes_its_lock_in_the_accounts_own_folder():
