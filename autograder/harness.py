@@ -539,7 +539,9 @@ def selfcheck(chapter: str, namespace: dict | None = None) -> list[Result]:
     total = sum(r.points for r in results)
     top = sum(r.max_points for r in results)
     for res in results:
-        print(f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {_status(res)}")
+        print(
+            f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {_status(res)}"
+        )
     print(f"total: {total:g}/{top:g}")
     print(
         "(selfcheck runs in this kernel, where code can change what it checks; `course check` grades a saved\n"

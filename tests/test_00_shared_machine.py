@@ -292,11 +292,20 @@ def test_course_grade_lists_a_not_graded_learner_as_failed_and_records_nothing(t
     broken = tmp_path / "submitted" / "bob" / CHAPTER
     broken.mkdir(parents=True)
     (broken / f"{CHAPTER}.ipynb").write_text('{"cells": [')
+    other = tmp_path / "submitted" / "cyd" / CHAPTER  # chapter 03's notebook, handed in as chapter 00
+    other.mkdir(parents=True)
+    (other / f"{CHAPTER}.ipynb").write_text(
+        (REPO / "notebooks" / "03_idempotency" / "03_idempotency.ipynb").read_text()
+    )
     summary = classroom.grade_all(tmp_path, CHAPTER, record=False, sandbox="off", shared_cache=tmp_path / "cache")
     assert summary.graded == []
     assert summary.failed["ada"].startswith("not graded: PostgreSQL at")
     assert summary.failed["bob"].startswith(f"submitted/bob/{CHAPTER}/{CHAPTER}.ipynb is not a notebook (broken JSON")
     assert "earlier grade, its time stamp" in summary.failed["bob"]
+    assert summary.failed["cyd"] == (
+        f"submitted/cyd/{CHAPTER}/{CHAPTER}.ipynb: this is chapter 03's notebook, handed in as {CHAPTER}: "
+        f"{grading.KEPT}"
+    )
     assert not list((tmp_path / "cache").rglob("*.json"))
 
 
@@ -434,6 +443,22 @@ def _nbgrader(root: Path, *args: str, env: dict | None = None):
     )
 
 
+def _autograde_here(root: Path, student: str) -> dict:
+    """``nbgrader autograde CHAPTER --student STUDENT --force`` in this process (nbgrader's API), as
+    formgrader's Autograde button runs it: ``{"success", "log", "error"}``."""
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    previous = os.getcwd()
+    os.chdir(root)
+    try:
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+        return NbGraderAPI(config=Config(config)).autograde(CHAPTER, student, force=True, create=True)
+    finally:
+        os.chdir(previous)
+
+
 def _score_and_time(root: Path, student: str):
     from nbgrader.api import Gradebook
 
@@ -443,11 +468,11 @@ def _score_and_time(root: Path, student: str):
 
 
 @pytest.mark.slow
-def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old_grade(tmp_path):
+def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old_grade(tmp_path, monkeypatch):
     import json
     import shutil
 
-    from autograder import settings
+    from autograder import grading, health, settings
 
     exchange = tmp_path / "exchange"
     exchange.mkdir()
@@ -486,6 +511,35 @@ def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old
     assert down.returncode == 1 and "Redis at redis://127.0.0.1:1/0 does not answer" in text, text
     assert "Traceback" not in text and (root / "autograded" / "ada" / CHAPTER).exists()
     assert _score_and_time(root, "ada") == before
+
+    # another chapter's notebook, an answer cell twice, servers lost in the middle of the run: the
+    # same, one line each (nbgrader's own autograde, run in this process through its API as formgrader does)
+    other = json.loads((REPO / "notebooks" / "03_idempotency" / "03_idempotency.ipynb").read_text())
+    twice = _solution()
+    twice["cells"].append(next(c for c in _solution()["cells"] if grading._grade_id(c) == "count_visit"))
+    for handed_in, line in (
+        (other, f"submitted/ada/{CHAPTER}/{CHAPTER}.ipynb: this is chapter 03's notebook, handed in as {CHAPTER}: "),
+        (twice, f"submitted/ada/{CHAPTER}/{CHAPTER}.ipynb: the answer cell count_visit is there 2 times (cells "),
+    ):
+        nb.write_text(json.dumps(handed_in))
+        result = _autograde_here(root, "ada")
+        assert not result["success"] and f"[ERROR] {line}" in result["log"], result["log"]
+        assert "Traceback" not in result["log"] and "Removing" not in result["log"]
+        assert (root / "autograded" / "ada" / CHAPTER).exists() and _score_and_time(root, "ada") == before
+
+    nb.write_text(json.dumps(_solution()))
+    tasks = [c["task"] for c in grading.read_manifest(CHAPTER) if c["kind"] == "test"]
+    answers = iter([None, None, "PostgreSQL at postgresql://x does not answer: ..."])  # before, at start, after
+    monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
+    monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
+    result = _autograde_here(root, "ada")
+    log = result["log"]  # (the API's "error" holds the traceback of the command's own final error)
+    assert not result["success"] and "Traceback" not in log and "ServersDown" not in log + result["error"], log
+    assert f"{CHAPTER} of ada not graded: the servers stopped answering while grading: PostgreSQL at" in log, log
+    assert (root / "autograded" / "ada" / CHAPTER / f"{CHAPTER}.ipynb").exists(), "the earlier autograded copy is gone"
+    assert _score_and_time(root, "ada") == before
+    monkeypatch.undo()
 
     # nbgrader submit of a broken notebook, from a learner's copy: refused, nothing handed in
     assert _nbgrader(root, "release_assignment", CHAPTER).returncode == 0
