@@ -554,6 +554,12 @@ def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old
     assert sub.returncode == 1 and f"{CHAPTER}.ipynb is not a notebook (broken JSON" in text, text
     assert "nothing was submitted" in text and "Traceback" not in text
     assert not list((exchange / settings.COURSE_ID / "inbound").iterdir())
+    (learner / CHAPTER / f"{CHAPTER}.ipynb").write_text(json.dumps(other))  # chapter 03's, in chapter 00's place
+    sub = _nbgrader(learner, "submit", CHAPTER, "--student=ada")
+    text = sub.stdout + sub.stderr
+    assert sub.returncode == 1 and "Traceback" not in text, text
+    assert f"{CHAPTER}.ipynb: this is chapter 03's notebook, handed in as {CHAPTER}: nothing was submitted" in text
+    assert not list((exchange / settings.COURSE_ID / "inbound").iterdir())
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="hiding bubblewrap from one command needs root (unshare -m)")
