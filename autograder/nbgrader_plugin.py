@@ -253,11 +253,13 @@ def _guarded_check_filename_diff(original):
 
 
 def install_guards() -> None:
-    """Put the course's checks into nbgrader's autograde and submit (idempotent).
+    """Put the course's checks into nbgrader's autograde, submit, collect and feedback (idempotent).
 
     nbgrader has no hook that runs before autograde deletes a learner's autograded folder,
-    nor one before submit copies a notebook, so the two methods are wrapped: the course's
-    ``nbgrader_config.py`` calls this (through :func:`autograder.settings.apply`).
+    nor one before submit copies a notebook, nor one to choose what collect takes or to go on
+    past a feedback it cannot release, so those methods are wrapped (:mod:`autograder.collect`,
+    :mod:`autograder.feedback`): the course's ``nbgrader_config.py`` calls this (through
+    :func:`autograder.settings.apply`).
     """
     from nbgrader.converters import Autograde
     from nbgrader.exchange.default.submit import ExchangeSubmit
@@ -268,6 +270,10 @@ def install_guards() -> None:
         Autograde.convert_notebooks = _guarded_convert(Autograde.convert_notebooks)
     if not getattr(ExchangeSubmit.check_filename_diff, "_course_guard", False):
         ExchangeSubmit.check_filename_diff = _guarded_check_filename_diff(ExchangeSubmit.check_filename_diff)
+    from autograder import collect, feedback
+
+    collect.install()
+    feedback.install()
 
 
 class GradeInSandbox(NbGraderPreprocessor):
