@@ -586,3 +586,46 @@ def test_course_check_without_bubblewrap_grades_unsandboxed_in_one_line(tmp_path
         ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
     )
     assert proc.returncode == 2 and "bubblewrap" in proc.stderr
+
+
+@pytest.mark.xdist_group("accounts")
+def test_the_owner_of_inbound_takes_a_planted_folder_out_of_collects_way(two_accounts):
+    """docs/INSTRUCTORS.md, section 4: the instructor, who owns inbound/ (sticky, as release_assignment
+    leaves it), cannot delete a folder a learner made there and closed, but can rename it to a name
+    collect skips and nobody else can find (inbound/ cannot be listed by learners)."""
+    import glob
+    import shutil
+    import subprocess
+    import tempfile
+
+    (teacher, t_uid, t_gid, _, _), (learner, l_uid, l_gid, _, _) = two_accounts
+
+    def run(uid: int, gid: int, *argv: str) -> int:
+        return subprocess.run(list(argv), user=uid, group=gid, extra_groups=[], capture_output=True).returncode
+
+    base = Path(tempfile.mkdtemp(prefix="rbp-inbound-"))
+    try:
+        base.chmod(0o1777)  # the exchange, as section 1 makes it
+        inbound = base / "inbound"
+        assert run(t_uid, t_gid, "install", "-d", "-m", "3733", str(inbound)) == 0  # g+s as nbgrader, +t as the course
+        planted = inbound / "ada+01_timeouts_and_retries+2026-12-10 16:00:00.000000 UTC+planted"
+        assert run(l_uid, l_gid, "mkdir", "-m", "700", str(planted)) == 0
+        assert run(l_uid, l_gid, "touch", str(planted / "01_timeouts_and_retries.ipynb")) == 0
+        assert run(t_uid, t_gid, "rm", "-r", str(planted)) != 0 and planted.exists(), "the instructor deleted it"
+        aside = subprocess.run(  # the guide's command, in inbound/: a name of mktemp's, which no one can guess
+            [
+                "sh",
+                "-c",
+                f"cd '{inbound}' && name=$(mktemp -u .left-out-XXXXXXXX) && mv '{planted.name}' $name && echo $name",
+            ],
+            user=t_uid,
+            group=t_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+        )
+        assert aside.returncode == 0 and (inbound / aside.stdout.strip()).is_dir(), aside.stderr
+        assert glob.glob(str(inbound / "*+01_timeouts_and_retries+*")) == [], "collect would still find it"
+        assert run(l_uid, l_gid, "ls", str(inbound)) != 0, "a learner can list inbound/ and find the folder again"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
