@@ -309,6 +309,30 @@ def test_course_grade_lists_a_not_graded_learner_as_failed_and_records_nothing(t
     assert not list((tmp_path / "cache").rglob("*.json"))
 
 
+def test_course_grade_stops_with_exit_2_when_the_servers_stop_answering_between_learners(tmp_path, monkeypatch, capsys):
+    """Servers lost while ada is graded: her run is not graded, and bob's, next, cannot start: the
+    command stops with exit 2 and one line, before recording anyone (docs/INSTRUCTORS.md, section 5)."""
+    import json
+
+    from autograder import classroom, grading, health
+
+    tasks = [c["task"] for c in grading.read_manifest(CHAPTER) if c["kind"] == "test"]
+    down = "PostgreSQL at postgresql://x does not answer: ... Nothing was graded or recorded"
+    answers = iter([None, None, down, down, down])  # the class's check, ada's start, after her run, bob's start
+    monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
+    monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
+    for student in ("ada", "bob"):
+        folder = tmp_path / "submitted" / student / CHAPTER
+        folder.mkdir(parents=True)
+        (folder / f"{CHAPTER}.ipynb").write_text(json.dumps(_solution()))
+    monkeypatch.chdir(tmp_path)
+    code = classroom.main([CHAPTER, "--jobs=1", "--no-record", f"--cache={tmp_path / 'cache'}"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.strip().splitlines()[-1] == f"course grade: {down}", out + err  # after the progress bar
+    assert "Traceback" not in out + err and not list((tmp_path / "cache").rglob("*.json"))
+
+
 # ----------------------------------------------------------------------------- real accounts
 
 
@@ -591,14 +615,15 @@ def test_course_check_without_bubblewrap_grades_unsandboxed_in_one_line(tmp_path
 @pytest.mark.xdist_group("accounts")
 def test_the_owner_of_inbound_takes_a_planted_folder_out_of_collects_way(two_accounts):
     """docs/INSTRUCTORS.md, section 4: the instructor, who owns inbound/ (sticky, as release_assignment
-    leaves it), cannot delete a folder a learner made there and closed, but can rename it to a name
-    collect skips and nobody else can find (inbound/ cannot be listed by learners)."""
+    leaves it), cannot delete (nor read, so collect leaves it out) a folder a learner made there and
+    closed, but can rename it to a name collect skips and nobody else can find (inbound/ cannot be
+    listed by learners)."""
     import glob
     import shutil
     import subprocess
     import tempfile
 
-    (teacher, t_uid, t_gid, _, _), (learner, l_uid, l_gid, _, _) = two_accounts
+    (teacher, t_uid, t_gid, t_python, t_env), (learner, l_uid, l_gid, _, _) = two_accounts
 
     def run(uid: int, gid: int, *argv: str) -> int:
         return subprocess.run(list(argv), user=uid, group=gid, extra_groups=[], capture_output=True).returncode
@@ -612,6 +637,17 @@ def test_the_owner_of_inbound_takes_a_planted_folder_out_of_collects_way(two_acc
         assert run(l_uid, l_gid, "mkdir", "-m", "700", str(planted)) == 0
         assert run(l_uid, l_gid, "touch", str(planted / "01_timeouts_and_retries.ipynb")) == 0
         assert run(t_uid, t_gid, "rm", "-r", str(planted)) != 0 and planted.exists(), "the instructor deleted it"
+        readable = subprocess.run(  # what collect asks first: a folder it cannot read is left out, not copied half
+            [t_python, "-c", f"from autograder.collect import changed_at; print(changed_at({str(planted)!r}))"],
+            user=t_uid,
+            group=t_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=t_env,
+        )
+        assert readable.stdout.strip() == "None", readable.stdout + readable.stderr
         aside = subprocess.run(  # the guide's command, in inbound/: a name of mktemp's, which no one can guess
             [
                 "sh",
