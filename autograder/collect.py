@@ -113,6 +113,11 @@ def trusted_records(app) -> tuple[list[dict], list[str]]:
                 )
                 record["timestamp"] = made
             kept[claimed].append(record)
+    if not roster and lines:
+        lines.append(
+            "the gradebook holds no roster, so nobody is on it: import it (`nbgrader db student import`, "
+            "docs/INSTRUCTORS.md section 1), then collect again"
+        )
     chosen = []
     for records in kept.values():
         records.sort(key=lambda r: r["timestamp"], reverse=True)

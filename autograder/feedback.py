@@ -21,6 +21,8 @@ import html
 import shutil
 from pathlib import Path
 
+#: Why a submission that nothing is wrong with has no grade (servers lost while grading it, say).
+NOT_YET = "it has not been graded yet (the grading run did not finish for it); your instructor grades it again"
 #: Marks a page this module wrote (and may replace), and the note it puts on nbgrader's pages.
 MARK = '<meta name="resilient-course" content="not-graded">'
 NOTE = '<div class="resilient-course-note"'
@@ -48,7 +50,7 @@ def why_not_graded(root: Path, student: str, chapter: str) -> str | None:
     why = intake.refusal(notebook, chapter)
     if why:
         return why.replace(str(notebook), notebook.name)
-    return "it has not been graded yet (the grading run did not finish for it); it will be graded again"
+    return NOT_YET
 
 
 def _page(chapter: str, when: str | None, why: str) -> str:
@@ -58,9 +60,14 @@ def _page(chapter: str, when: str | None, why: str) -> str:
         f'<!DOCTYPE html>\n<html><head><meta charset="utf-8">{MARK}<title>{title}</title></head>\n'
         f"<body><h1>{html.escape(chapter)}: not graded</h1>\n"
         f"<p>Your submission{handed_in} was not graded: {html.escape(why)}.</p>\n"
-        "<p>It has no score, which is not a score of zero. Hand in the chapter's own notebook again "
-        "(<code>course check</code> on it first says the same), or ask your instructor.</p>\n"
-        "</body></html>\n"
+        "<p>It has no score, which is not a score of zero. "
+        + (
+            "Nothing is needed from you.</p>\n"
+            if why == NOT_YET
+            else "Hand in the chapter's own notebook again (<code>course check</code> on it says the same "
+            "first), or ask your instructor.</p>\n"
+        )
+        + "</body></html>\n"
     )
 
 

@@ -108,8 +108,8 @@ def _own_folder(path: Path, uid: int) -> str | None:
 ROOT_RUNTIME = Path("/run/resilient-course")
 
 
-def _home_runtime_dir() -> Path:
-    """A folder no other account can make first: ``~/.cache/resilient-course/run-HOST``.
+def _private_runtime_dir() -> Path:
+    """A folder no other account can make first: ``~/.cache/resilient-course/run-HOST`` (under the home).
 
     Named after the machine, because a home may be shared by several machines (NFS) while
     sockets and process ids are each machine's own. For root, ``/run/resilient-course``
@@ -144,7 +144,7 @@ def runtime_dir() -> Path:
 
     In order: ``$XDG_RUNTIME_DIR/resilient-course`` when ``$XDG_RUNTIME_DIR`` is a folder this
     account owns (a login session's ``/run/user/UID``); a folder no other account can make
-    (:func:`_home_runtime_dir`: under the home, or root's in ``/run``), when an earlier run
+    (:func:`_private_runtime_dir`: under the home, or root's in ``/run``), when an earlier run
     had to use it; else
     ``resilient-course-UID`` in the temporary folder, made with mode 0700. Any account can make
     that last name first (to read or plant sockets, or only to stop the other account's servers):
@@ -163,20 +163,25 @@ def runtime_dir() -> Path:
             return path
     global _fresh
     try:
-        home = _home_runtime_dir()
+        private = _private_runtime_dir()
     except (RuntimeError, KeyError):  # no home to be found
-        home = None
-    if home and home.is_dir() and _private(home, uid) is None and _private(home.parent, uid) is None:
-        return home
+        private = None
+    if (
+        private
+        and private.is_dir()
+        and _private(private, uid) is None
+        and _private(private.parent, uid) is None
+    ):
+        return private
     expected = Path(tempfile.gettempdir()) / f"resilient-course-{uid}"
     problem = _own_folder(expected, uid)
     if problem is None:
         return expected
     try:
-        home.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if _private(home.parent, uid) is None and _own_folder(home, uid) is None:
-            _notice(expected, problem, home)
-            return home
+        private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if _private(private.parent, uid) is None and _own_folder(private, uid) is None:
+            _notice(expected, problem, private)
+            return private
     except (OSError, AttributeError):
         pass
     if _fresh is None or _private(_fresh, uid) is not None:
