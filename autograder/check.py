@@ -140,13 +140,21 @@ def self_study_sandbox(explicit_off: bool = False) -> tuple[str | None, str]:
 def check(path: str | Path, *, sandbox: str | None = None, timeout: float = settings.RUN_TIMEOUT) -> CheckResult:
     """Grade ``path``; raise :class:`BadInput` for what cannot be graded.
 
+    A file named after a chapter (``10_contention_and_money.ipynb``, or in such a folder) is
+    graded as that chapter, and refused when it is another's (:mod:`autograder.intake`).
+
     ``sandbox``: ``"required"`` (the default: stop when no sandbox works here), ``"auto"``
     or ``"off"``; see :func:`autograder.grading.grade`.
     """
+    from autograder import intake
+
     sandbox = sandbox or settings.SANDBOX
     path = Path(path)
     nb = read_notebook(path)
-    chapter = identify(path, nb)
+    chapter = intake.handed_in_as(path) or identify(path, nb)
+    why = intake.problem(nb, chapter)
+    if why:
+        raise BadInput(f"{path}: {why}: not graded")
     graded = grading.grade(chapter, grading.read_manifest(chapter), nb, sandbox=sandbox, run_timeout=timeout)
     result = CheckResult(str(path), chapter, graded.score, graded.max_score, seconds=graded.seconds)
     result.sandboxed = graded.sandboxed

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import gradecache, grading
+from autograder import gradecache, grading, intake
 
 
 @dataclass
@@ -187,7 +187,7 @@ def grade_all(
     started = time.perf_counter()
     results: dict[str, grading.Graded] = {}
 
-    broken = {s: why for s in sorted(found) if (why := grading.broken_submission(found[s]))}
+    broken = {s: why for s in sorted(found) if (why := intake.refusal(found[s], assignment))}
     for student, why in broken.items():  # named, and never handed to nbgrader (which would drop the old grade)
         summary.failed[student] = f"{why.replace(str(root) + '/', '')}: {grading.KEPT}"
         del found[student]

@@ -12,7 +12,10 @@ writes ``grades.csv``:
   ``not graded`` (collected into ``submitted/`` or recorded, but autograde has not given it
   its grades yet) or ``needs manual grading``;
 - ``timestamp``: when the submission was handed in (UTC, ISO 8601), from the exchange or the
-  ``timestamp.txt`` put beside a notebook handed in by hand; ``seconds_late`` past the due date.
+  ``timestamp.txt`` put beside a notebook handed in by hand; ``seconds_late`` past the due date;
+- ``note``: why a collected submission is ``not graded`` (another chapter's notebook, not a
+  notebook, not graded yet), or that the newest one was not graded and the score is an earlier
+  one's (:func:`autograder.feedback.why_not_graded`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.plugins import ExportPlugin
 
 from autograder import settings
+from autograder.feedback import why_not_graded
 
 COLUMNS = [
     "assignment",
@@ -40,6 +44,7 @@ COLUMNS = [
     "late_submission_penalty",
     "score",
     "max_score",
+    "note",
 ]
 
 
@@ -91,6 +96,7 @@ def rows(gradebook: Gradebook, root: Path | None, assignments=(), students=()) -
                 if collected:
                     stamp = root / "submitted" / student.id / assignment.name / "timestamp.txt"
                     row["timestamp"] = _read_stamp(stamp)
+                    row["note"] = why_not_graded(root, student.id, assignment.name) or ""
                 out.append(row)
                 continue
             row["status"] = _status(sub)
@@ -101,6 +107,11 @@ def rows(gradebook: Gradebook, root: Path | None, assignments=(), students=()) -
                 row["raw_score"] = _number(sub.score)
                 row["late_submission_penalty"] = _number(penalty)
                 row["score"] = _number(max(0.0, sub.score - penalty))
+            why = why_not_graded(root, student.id, assignment.name) if root is not None else None
+            if why and row["status"] != "not graded":
+                row["note"] = f"the newest submission was not graded ({why}); the score is an earlier one's"
+            elif why:
+                row["note"] = why
             out.append(row)
     return out
 

@@ -138,27 +138,35 @@ def _shown(path: str | Path, root: str | Path) -> str:
 
 
 def _guarded_init_destination(original):
-    """nbgrader's ``init_destination``, first refusing what cannot be graded.
+    """nbgrader's ``init_destination``, first refusing what cannot be graded, and grading it.
 
     nbgrader's autograde, before it grades, deletes the autograded folder (``--force`` or a
     newer submission) and stamps the submission's new time in the gradebook; a broken
     notebook then failed with a traceback, leaving the old score under the broken file's
-    time. Here, before any of that: a submission that is not a notebook, or servers that do
-    not answer, is named in one line and skipped (nothing deleted, grade and time kept), and
-    the command ends with an error (``_guarded_convert``).
+    time, and servers lost mid-run left a traceback and no autograded folder at all. Here,
+    before any of that: a submission that is not a notebook or not one of this chapter
+    (:mod:`autograder.intake`), servers that do not answer, or a grading run the servers
+    stopped answering in is named in one line and skipped (nothing deleted, grade and time
+    kept), and the command ends with an error (``_guarded_convert``). A complete grade is
+    kept for :class:`GradeInSandbox`, which then only writes it into the notebook.
     """
 
     def init_destination(self, assignment_id: str, student_id: str) -> bool:
+        from autograder import intake
+
         failed = self.__dict__.setdefault("_course_not_graded", [])
         root = self.coursedir.root
         for notebook in self.notebooks:
-            why = grading.broken_submission(Path(notebook))
+            path = Path(notebook)
+            why = intake.refusal(path, assignment_id) if path.stem == assignment_id else grading.broken_submission(path)
             if why:
-                self.log.error("%s: %s", why.replace(str(Path(notebook)), _shown(notebook, root)), grading.KEPT)
+                self.log.error("%s: %s", why.replace(str(path), _shown(path, root)), grading.KEPT)
                 failed.append((assignment_id, student_id))
                 return False
         try:
             grading.check_servers()
+            if _would_grade(self, assignment_id, student_id):
+                _pregrade(self, assignment_id)
         except grading.GradingError as err:
             self.log.error("%s of %s not graded: %s", assignment_id, student_id, err)
             failed.append((assignment_id, student_id))
@@ -167,6 +175,39 @@ def _guarded_init_destination(original):
 
     init_destination._course_guard = True
     return init_destination
+
+
+def _would_grade(app, assignment_id: str, student_id: str) -> bool:
+    """Whether nbgrader's ``init_destination`` will (re)grade this submission (its own rules)."""
+    if student_id in (app.coursedir.student_id_exclude or "").split(","):
+        return False
+    dest = Path(app._format_dest(assignment_id, student_id))
+    if not dest.exists() or app.force or app.coursedir.notebook_id != "*":
+        return True
+    new = app.coursedir.get_existing_timestamp(app._format_source(assignment_id, student_id))
+    old = app.coursedir.get_existing_timestamp(str(dest))
+    return new is not None and old is not None and new > old
+
+
+#: Grades made before nbgrader touched anything (``_pregrade``), by cache key, for :class:`GradeInSandbox`.
+_PREGRADED: dict[str, grading.Graded] = {}
+
+
+def _pregrade(app, assignment_id: str) -> None:
+    """Grade the chapter's notebook now; :class:`grading.ServersDown` when the run was not complete."""
+    import json
+
+    trusted = grading.read_manifest(assignment_id)
+    cache = os.environ.get("COURSE_GRADE_CACHE")
+    mode = GradeInSandbox(config=app.config).sandbox
+    for notebook in app.notebooks:
+        if Path(notebook).stem != assignment_id:
+            continue
+        nb = json.loads(Path(notebook).read_text(encoding="utf-8"))
+        graded = gradecache.cached_grade(Path(cache) if cache else None, assignment_id, trusted, nb, sandbox=mode)
+        if not graded.complete:
+            raise grading.ServersDown(f"the servers stopped answering while grading: {graded.not_graded}")
+        _PREGRADED[gradecache.cache_key(grading.build_job(assignment_id, trusted, nb))] = graded
 
 
 def _guarded_convert(original):
@@ -184,9 +225,13 @@ def _guarded_convert(original):
 
 
 def _guarded_check_filename_diff(original):
-    """``nbgrader submit``: a notebook that is not valid JSON is refused with one line, before any copy."""
+    """``nbgrader submit``: a notebook that is not valid JSON, or not one of this chapter (a notebook of
+    another chapter, a graded cell twice or without its grade_id), is refused with one line, before any copy."""
 
     def check_filename_diff(self) -> None:
+        from autograder import intake
+
+        chapter = self.coursedir.assignment_id
         for nb in sorted(Path(self.src_path).rglob("*.ipynb")):
             if ".ipynb_checkpoints" in nb.parts:
                 continue
@@ -197,6 +242,10 @@ def _guarded_check_filename_diff(original):
                     "JupyterLab and save it again (or fetch the chapter again into another folder and copy "
                     "your answers over), then submit"
                 )
+            if nb == Path(self.src_path) / f"{chapter}.ipynb" and chapter in grading.known_chapters():
+                why = intake.refusal(nb, chapter)
+                if why:
+                    self.fail(f"{why.replace(str(nb), _shown(nb, self.src_path))}: nothing was submitted")
         return original(self)
 
     check_filename_diff._course_guard = True
@@ -204,11 +253,13 @@ def _guarded_check_filename_diff(original):
 
 
 def install_guards() -> None:
-    """Put the course's checks into nbgrader's autograde and submit (idempotent).
+    """Put the course's checks into nbgrader's autograde, submit, collect and feedback (idempotent).
 
     nbgrader has no hook that runs before autograde deletes a learner's autograded folder,
-    nor one before submit copies a notebook, so the two methods are wrapped: the course's
-    ``nbgrader_config.py`` calls this (through :func:`autograder.settings.apply`).
+    nor one before submit copies a notebook, nor one to choose what collect takes or to go on
+    past a feedback it cannot release, so those methods are wrapped (:mod:`autograder.collect`,
+    :mod:`autograder.feedback`): the course's ``nbgrader_config.py`` calls this (through
+    :func:`autograder.settings.apply`).
     """
     from nbgrader.converters import Autograde
     from nbgrader.exchange.default.submit import ExchangeSubmit
@@ -219,6 +270,10 @@ def install_guards() -> None:
         Autograde.convert_notebooks = _guarded_convert(Autograde.convert_notebooks)
     if not getattr(ExchangeSubmit.check_filename_diff, "_course_guard", False):
         ExchangeSubmit.check_filename_diff = _guarded_check_filename_diff(ExchangeSubmit.check_filename_diff)
+    from autograder import collect, feedback
+
+    collect.install()
+    feedback.install()
 
 
 class GradeInSandbox(NbGraderPreprocessor):
@@ -240,7 +295,8 @@ class GradeInSandbox(NbGraderPreprocessor):
             )
         cache = os.environ.get("COURSE_GRADE_CACHE")
         try:
-            graded = gradecache.cached_grade(
+            graded = _PREGRADED.pop(gradecache.cache_key(grading.build_job(assignment, trusted, nb)), None)
+            graded = graded or gradecache.cached_grade(
                 Path(cache) if cache else None, assignment, trusted, nb, sandbox=self.sandbox
             )
             if not graded.complete:  # the servers stopped answering: nothing may be recorded

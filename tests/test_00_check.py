@@ -69,3 +69,31 @@ def test_a_cell_that_swallows_the_interrupt_is_cut_and_graded_zero(tmp_path):
     result = json.loads(proc.stdout)
     assert result["score"] == 0 and result["tasks"][0]["id"] == "count_visit"
     assert "not defined" in result["tasks"][0]["feedback"]
+
+
+def _released(chapter: str) -> dict:
+    return json.loads((REPO / "notebooks" / chapter / f"{chapter}.ipynb").read_text())
+
+
+def test_a_notebook_of_another_chapter_is_named_and_not_graded(tmp_path):
+    """A file named after chapter 10 that holds chapter 03 is not graded as either."""
+    path = tmp_path / "10_contention_and_money" / "10_contention_and_money.ipynb"
+    path.parent.mkdir()
+    path.write_text(json.dumps(_released("03_idempotency")))
+    proc = course("check", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        f"course check: {path}: this is chapter 03's notebook, handed in as 10_contention_and_money: not graded"
+    )
+    assert proc.stdout == ""
+
+
+def test_an_answer_cell_there_twice_is_named_and_not_graded(tmp_path):
+    nb = _released("00_setup_and_tour")
+    answer = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "count_visit")
+    nb["cells"].append(json.loads(json.dumps(answer)))
+    path = tmp_path / "00_setup_and_tour.ipynb"
+    path.write_text(json.dumps(nb))
+    proc = course("check", str(path))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "the answer cell count_visit is there 2 times" in proc.stderr and "Traceback" not in proc.stderr

@@ -221,7 +221,9 @@ def test_an_error_reads_the_same_on_every_run():
     )
     masked = harness.stable_text(deadlock + " <function f at 0x7f3a2c1b9e40>")
     assert "48213" not in masked and "7731" not in masked and "12:31" not in masked and "0x7f" not in masked
-    assert masked == harness.stable_text(deadlock.replace("48213", "9").replace("07.118204", "59.000001") + " <function f at 0x55aa11>")
+    assert masked == harness.stable_text(
+        deadlock.replace("48213", "9").replace("07.118204", "59.000001") + " <function f at 0x55aa11>"
+    )
     assert "deadlock detected" in masked and "(7, <timestamp>)" in masked
 
 

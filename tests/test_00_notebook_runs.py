@@ -248,9 +248,8 @@ def test_the_student_notebook_then_the_solution_run_in_one_kernel_without_growin
     missed_first = {c.claim: c for c in claims.found_in(out for _, out in first) if not c.held}
     missed_second = {c.claim: c for c in claims.found_in(out for _, out in second) if not c.held}
     twice = [c for claim, c in missed_second.items() if claim in missed_first]
-    assert not twice, (
-        f"claims that did not hold in either run (load average {os.getloadavg()}):\n"
-        + "\n".join(c.text() for c in twice)
+    assert not twice, f"claims that did not hold in either run (load average {os.getloadavg()}):\n" + "\n".join(
+        c.text() for c in twice
     )
     for c in {**missed_first, **missed_second}.values():
         warnings.warn(f"{chapter}: a claim missed once on a loaded run: {c.text()}", stacklevel=1)

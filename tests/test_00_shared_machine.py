@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -32,36 +33,74 @@ def test_doctor_names_a_package_that_needs_a_newer_python():
 # ----------------------------------------------------------------------------- the account's own folder
 
 
-def test_the_runtime_folder_is_the_accounts_own_and_closed(tmp_path, monkeypatch):
+@pytest.fixture
+def runtime_env(tmp_path, monkeypatch):
+    """No login session's runtime folder, a temporary folder and a home cache of the test's own."""
     monkeypatch.delenv("COURSE_STATE_DIR", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(backends, "_noticed", set())
+    monkeypatch.setattr(backends, "_fresh", None)
+    (tmp_path / "run").mkdir(mode=0o755)  # root's /run: a folder only its owner writes in
+    monkeypatch.setattr(backends, "ROOT_RUNTIME", tmp_path / "run" / "resilient-course")
+    return tmp_path
+
+
+def _squat_proof(base: Path) -> Path:
+    """Where an account's servers go when the temporary folder's name is taken: root's /run, else the home's."""
+    if os.getuid() == 0:
+        return base / "run" / "resilient-course"
+    return base / "cache" / "resilient-course" / f"run-{socket.gethostname()}"
+
+
+def test_the_runtime_folder_is_the_accounts_own_and_closed(runtime_env):
     path = backends.state_dir()
-    assert path == tmp_path / f"resilient-course-{os.getuid()}"
+    assert path == runtime_env / f"resilient-course-{os.getuid()}"
     assert stat.S_IMODE(path.stat().st_mode) == 0o700 and path.stat().st_uid == os.getuid()
 
 
-def test_a_login_sessions_runtime_folder_is_used_when_it_is_the_accounts(tmp_path, monkeypatch):
-    monkeypatch.delenv("COURSE_STATE_DIR", raising=False)
-    xdg = tmp_path / "run-user"
+def test_a_login_sessions_runtime_folder_is_used_when_it_is_the_accounts(runtime_env, monkeypatch):
+    xdg = runtime_env / "run-user"
     xdg.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
     assert backends.state_dir() == xdg / "resilient-course"
     xdg.chmod(0o777)  # not a private folder: not used
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    assert backends.state_dir() == tmp_path / f"resilient-course-{os.getuid()}"
+    assert backends.state_dir() == runtime_env / f"resilient-course-{os.getuid()}"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder that belongs to another account")
-def test_a_runtime_folder_made_by_another_account_is_refused_with_what_to_do(tmp_path, monkeypatch):
-    monkeypatch.delenv("COURSE_STATE_DIR", raising=False)
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    planted = tmp_path / f"resilient-course-{os.getuid()}"
+def test_a_runtime_folder_another_account_made_is_left_alone_for_one_it_cannot_make(runtime_env, capsys):
+    planted = runtime_env / f"resilient-course-{os.getuid()}"
     planted.mkdir(mode=0o777)
-    os.chown(planted, 65534, 65534)  # nobody
-    with pytest.raises(backends.BackendError, match="belongs to uid 65534.*COURSE_STATE_DIR"):
-        backends.state_dir()
+    os.chown(planted, 65534, 65534)  # nobody made it first
+    home = _squat_proof(runtime_env)
+    assert backends.state_dir() == home and backends.runtime_dir() == home
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and home.stat().st_uid == os.getuid()
+    assert not list(planted.iterdir()) and planted.stat().st_uid == 65534, "the planted folder was used"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # named once per process, however often the folder is asked for
+    assert f"{planted} belongs to uid 65534, not to this account" in err[0] and f"use {home} instead" in err[0]
+    assert f"sudo rm -r {planted}" in err[0]
+    os.rmdir(planted)  # removed: the home's folder stays in use, so that `course down` finds `course up`
+    assert backends.runtime_dir() == home
+
+
+def test_a_runtime_folder_that_is_a_link_or_a_file_is_not_followed(runtime_env, capsys):
+    planted = runtime_env / f"resilient-course-{os.getuid()}"
+    planted.symlink_to(runtime_env / "elsewhere")
+    assert backends.runtime_dir() == _squat_proof(runtime_env) and not (runtime_env / "elsewhere").exists()
+    assert "is a symbolic link" in capsys.readouterr().err
+
+
+def test_without_a_home_to_use_a_fresh_folder_of_its_own_is_made(runtime_env, monkeypatch, capsys):
+    (runtime_env / f"resilient-course-{os.getuid()}").write_text("planted")
+    (runtime_env / "cache").write_text("not a folder")  # no folder can be made under the home
+    (runtime_env / "run").chmod(0o777)  # nor in root's /run, open to everyone here
+    first = backends.runtime_dir()
+    assert first.parent == runtime_env and first.name.startswith(f"resilient-course-{os.getuid()}-")
+    assert backends.runtime_dir() == first and stat.S_IMODE(first.stat().st_mode) == 0o700
+    assert "is not a folder" in capsys.readouterr().err
 
 
 def test_embedded_postgres_takes_its_lock_in_the_accounts_own_folder():
@@ -253,12 +292,45 @@ def test_course_grade_lists_a_not_graded_learner_as_failed_and_records_nothing(t
     broken = tmp_path / "submitted" / "bob" / CHAPTER
     broken.mkdir(parents=True)
     (broken / f"{CHAPTER}.ipynb").write_text('{"cells": [')
+    other = tmp_path / "submitted" / "cyd" / CHAPTER  # chapter 03's notebook, handed in as chapter 00
+    other.mkdir(parents=True)
+    (other / f"{CHAPTER}.ipynb").write_text(
+        (REPO / "notebooks" / "03_idempotency" / "03_idempotency.ipynb").read_text()
+    )
     summary = classroom.grade_all(tmp_path, CHAPTER, record=False, sandbox="off", shared_cache=tmp_path / "cache")
     assert summary.graded == []
     assert summary.failed["ada"].startswith("not graded: PostgreSQL at")
     assert summary.failed["bob"].startswith(f"submitted/bob/{CHAPTER}/{CHAPTER}.ipynb is not a notebook (broken JSON")
     assert "earlier grade, its time stamp" in summary.failed["bob"]
+    assert summary.failed["cyd"] == (
+        f"submitted/cyd/{CHAPTER}/{CHAPTER}.ipynb: this is chapter 03's notebook, handed in as {CHAPTER}: "
+        f"{grading.KEPT}"
+    )
     assert not list((tmp_path / "cache").rglob("*.json"))
+
+
+def test_course_grade_stops_with_exit_2_when_the_servers_stop_answering_between_learners(tmp_path, monkeypatch, capsys):
+    """Servers lost while ada is graded: her run is not graded, and bob's, next, cannot start: the
+    command stops with exit 2 and one line, before recording anyone (docs/INSTRUCTORS.md, section 5)."""
+    import json
+
+    from autograder import classroom, grading, health
+
+    tasks = [c["task"] for c in grading.read_manifest(CHAPTER) if c["kind"] == "test"]
+    down = "PostgreSQL at postgresql://x does not answer: ... Nothing was graded or recorded"
+    answers = iter([None, None, down, down, down])  # the class's check, ada's start, after her run, bob's start
+    monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
+    monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
+    for student in ("ada", "bob"):
+        folder = tmp_path / "submitted" / student / CHAPTER
+        folder.mkdir(parents=True)
+        (folder / f"{CHAPTER}.ipynb").write_text(json.dumps(_solution()))
+    monkeypatch.chdir(tmp_path)
+    code = classroom.main([CHAPTER, "--jobs=1", "--no-record", f"--cache={tmp_path / 'cache'}"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.strip().splitlines()[-1] == f"course grade: {down}", out + err  # after the progress bar
+    assert "Traceback" not in out + err and not list((tmp_path / "cache").rglob("*.json"))
 
 
 # ----------------------------------------------------------------------------- real accounts
@@ -395,6 +467,22 @@ def _nbgrader(root: Path, *args: str, env: dict | None = None):
     )
 
 
+def _autograde_here(root: Path, student: str) -> dict:
+    """``nbgrader autograde CHAPTER --student STUDENT --force`` in this process (nbgrader's API), as
+    formgrader's Autograde button runs it: ``{"success", "log", "error"}``."""
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    previous = os.getcwd()
+    os.chdir(root)
+    try:
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+        return NbGraderAPI(config=Config(config)).autograde(CHAPTER, student, force=True, create=True)
+    finally:
+        os.chdir(previous)
+
+
 def _score_and_time(root: Path, student: str):
     from nbgrader.api import Gradebook
 
@@ -404,11 +492,11 @@ def _score_and_time(root: Path, student: str):
 
 
 @pytest.mark.slow
-def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old_grade(tmp_path):
+def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old_grade(tmp_path, monkeypatch):
     import json
     import shutil
 
-    from autograder import settings
+    from autograder import grading, health, settings
 
     exchange = tmp_path / "exchange"
     exchange.mkdir()
@@ -448,6 +536,35 @@ def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old
     assert "Traceback" not in text and (root / "autograded" / "ada" / CHAPTER).exists()
     assert _score_and_time(root, "ada") == before
 
+    # another chapter's notebook, an answer cell twice, servers lost in the middle of the run: the
+    # same, one line each (nbgrader's own autograde, run in this process through its API as formgrader does)
+    other = json.loads((REPO / "notebooks" / "03_idempotency" / "03_idempotency.ipynb").read_text())
+    twice = _solution()
+    twice["cells"].append(next(c for c in _solution()["cells"] if grading._grade_id(c) == "count_visit"))
+    for handed_in, line in (
+        (other, f"submitted/ada/{CHAPTER}/{CHAPTER}.ipynb: this is chapter 03's notebook, handed in as {CHAPTER}: "),
+        (twice, f"submitted/ada/{CHAPTER}/{CHAPTER}.ipynb: the answer cell count_visit is there 2 times (cells "),
+    ):
+        nb.write_text(json.dumps(handed_in))
+        result = _autograde_here(root, "ada")
+        assert not result["success"] and f"[ERROR] {line}" in result["log"], result["log"]
+        assert "Traceback" not in result["log"] and "Removing" not in result["log"]
+        assert (root / "autograded" / "ada" / CHAPTER).exists() and _score_and_time(root, "ada") == before
+
+    nb.write_text(json.dumps(_solution()))
+    tasks = [c["task"] for c in grading.read_manifest(CHAPTER) if c["kind"] == "test"]
+    answers = iter([None, None, "PostgreSQL at postgresql://x does not answer: ..."])  # before, at start, after
+    monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
+    monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
+    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
+    result = _autograde_here(root, "ada")
+    log = result["log"]  # (the API's "error" holds the traceback of the command's own final error)
+    assert not result["success"] and "Traceback" not in log and "ServersDown" not in log + result["error"], log
+    assert f"{CHAPTER} of ada not graded: the servers stopped answering while grading: PostgreSQL at" in log, log
+    assert (root / "autograded" / "ada" / CHAPTER / f"{CHAPTER}.ipynb").exists(), "the earlier autograded copy is gone"
+    assert _score_and_time(root, "ada") == before
+    monkeypatch.undo()
+
     # nbgrader submit of a broken notebook, from a learner's copy: refused, nothing handed in
     assert _nbgrader(root, "release_assignment", CHAPTER).returncode == 0
     learner = tmp_path / "learner"
@@ -460,6 +577,12 @@ def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old
     text = sub.stdout + sub.stderr
     assert sub.returncode == 1 and f"{CHAPTER}.ipynb is not a notebook (broken JSON" in text, text
     assert "nothing was submitted" in text and "Traceback" not in text
+    assert not list((exchange / settings.COURSE_ID / "inbound").iterdir())
+    (learner / CHAPTER / f"{CHAPTER}.ipynb").write_text(json.dumps(other))  # chapter 03's, in chapter 00's place
+    sub = _nbgrader(learner, "submit", CHAPTER, "--student=ada")
+    text = sub.stdout + sub.stderr
+    assert sub.returncode == 1 and "Traceback" not in text, text
+    assert f"{CHAPTER}.ipynb: this is chapter 03's notebook, handed in as {CHAPTER}: nothing was submitted" in text
     assert not list((exchange / settings.COURSE_ID / "inbound").iterdir())
 
 
@@ -487,3 +610,58 @@ def test_course_check_without_bubblewrap_grades_unsandboxed_in_one_line(tmp_path
         ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
     )
     assert proc.returncode == 2 and "bubblewrap" in proc.stderr
+
+
+@pytest.mark.xdist_group("accounts")
+def test_the_owner_of_inbound_takes_a_planted_folder_out_of_collects_way(two_accounts):
+    """docs/INSTRUCTORS.md, section 4: the instructor, who owns inbound/ (sticky, as release_assignment
+    leaves it), cannot delete (nor read, so collect leaves it out) a folder a learner made there and
+    closed, but can rename it to a name collect skips and nobody else can find (inbound/ cannot be
+    listed by learners)."""
+    import glob
+    import shutil
+    import subprocess
+    import tempfile
+
+    (teacher, t_uid, t_gid, t_python, t_env), (learner, l_uid, l_gid, _, _) = two_accounts
+
+    def run(uid: int, gid: int, *argv: str) -> int:
+        return subprocess.run(list(argv), user=uid, group=gid, extra_groups=[], capture_output=True).returncode
+
+    base = Path(tempfile.mkdtemp(prefix="rbp-inbound-"))
+    try:
+        base.chmod(0o1777)  # the exchange, as section 1 makes it
+        inbound = base / "inbound"
+        assert run(t_uid, t_gid, "install", "-d", "-m", "3733", str(inbound)) == 0  # g+s as nbgrader, +t as the course
+        planted = inbound / "ada+01_timeouts_and_retries+2026-12-10 16:00:00.000000 UTC+planted"
+        assert run(l_uid, l_gid, "mkdir", "-m", "700", str(planted)) == 0
+        assert run(l_uid, l_gid, "touch", str(planted / "01_timeouts_and_retries.ipynb")) == 0
+        assert run(t_uid, t_gid, "rm", "-r", str(planted)) != 0 and planted.exists(), "the instructor deleted it"
+        readable = subprocess.run(  # what collect asks first: a folder it cannot read is left out, not copied half
+            [t_python, "-c", f"from autograder.collect import changed_at; print(changed_at({str(planted)!r}))"],
+            user=t_uid,
+            group=t_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=t_env,
+        )
+        assert readable.stdout.strip() == "None", readable.stdout + readable.stderr
+        aside = subprocess.run(  # the guide's command, in inbound/: a name of mktemp's, which no one can guess
+            [
+                "sh",
+                "-c",
+                f"cd '{inbound}' && name=$(mktemp -u .left-out-XXXXXXXX) && mv '{planted.name}' $name && echo $name",
+            ],
+            user=t_uid,
+            group=t_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+        )
+        assert aside.returncode == 0 and (inbound / aside.stdout.strip()).is_dir(), aside.stderr
+        assert glob.glob(str(inbound / "*+01_timeouts_and_retries+*")) == [], "collect would still find it"
+        assert run(l_uid, l_gid, "ls", str(inbound)) != 0, "a learner can list inbound/ and find the folder again"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

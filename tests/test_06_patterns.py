@@ -303,7 +303,9 @@ async def test_a_compensation_that_hits_a_bug_stops_instead_of_retrying_forever(
     async def ok(pool_, data):
         pass
 
-    orch = saga.Orchestrator([saga.Step("reserve", ok, buggy_undo), saga.Step("pay", fails, ok)], sleep=VirtualClock().sleep)
+    orch = saga.Orchestrator(
+        [saga.Step("reserve", ok, buggy_undo), saga.Step("pay", fails, ok)], sleep=VirtualClock().sleep
+    )
     with pytest.raises(KeyError):
         await orch.run(pool, "o-2", {})
     assert await saga.unfinished(pool) == ["o-2"] and len(orch.retries) == 1

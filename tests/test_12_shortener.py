@@ -366,7 +366,9 @@ async def test_concurrent_misses_of_a_hot_link_read_postgres_once_with_single_fl
 
     monkeypatch.setattr(shortener, "find_link", counted)
     breaker, redis, flight = shortener.cache_breaker(), ans.redis(), SingleFlight()
-    got = await asyncio.gather(*(shortener.resolve(made["code"], redis, pool, breaker, flight=flight) for _ in range(50)))
+    got = await asyncio.gather(
+        *(shortener.resolve(made["code"], redis, pool, breaker, flight=flight) for _ in range(50))
+    )
     assert set(got) == {"https://example.com/hot"} and len(reads) == 1, len(reads)
 
 

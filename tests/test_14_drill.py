@@ -31,7 +31,9 @@ def _markdown(nb_path: Path) -> list[str]:
 
 
 def _fold(text: str) -> str:
-    return " ".join(html.unescape(re.sub(r"</?[A-Za-z][^>]*>|\*\*|`", "", text)).split())  # real tags only: SQL has < and >
+    return " ".join(
+        html.unescape(re.sub(r"</?[A-Za-z][^>]*>|\*\*|`", "", text)).split()
+    )  # real tags only: SQL has < and >
 
 
 # ----------------------------------------------------------------------------- the deck

@@ -11,14 +11,23 @@ under their own uid; otherwise separate homes and ``--student`` stand in for the
 Chapter 01 goes through the exchange: released, fetched, submitted (ada with every answer;
 bob with one, a test cell edited and another deleted), collected, graded by ``course grade``
 on two "nodes" (shards into one cache) and recorded in one run, feedback released and
-fetched. Chapter 03 goes by hand: notebooks and ``timestamp.txt`` put into ``submitted/``,
-graded by ``nbgrader autograde``; bob's answer prints the paths of the course's code and a
-traceback through it, and edits a locked cell. cyd is on the roster and hands in nothing.
+fetched. dee hands chapter 01 in by hand (no ``submission_secret.txt``: her feedback cannot
+go through the exchange). Chapter 03 goes by hand: notebooks and ``timestamp.txt`` put into
+``submitted/``, graded by ``nbgrader autograde``; bob's answer prints the paths of the
+course's code and a traceback through it, and edits a locked cell; dee's is chapter 01's
+notebook, not graded, and her feedback says why. cyd is on the roster and hands in nothing.
 Chapter 00 is in ``solutions/`` but never assigned.
 
+What learners push on (real accounts only): bob plants a folder in the exchange that claims
+to be ada's, and another of his own with a time before anyone's in its name; eve, who is not
+on the roster, hands in by hand into the exchange; bob makes cyd's runtime folder in /tmp
+before cyd first runs. None of it changes a grade, each is named in one line, and cyd's
+``course check`` works.
+
 Every step's output is asserted: nothing an instructor would have to learn to ignore in a
-normal run, one line per changed cell, no path of the grading machine in any feedback, and
-an export of the two assigned chapters with cyd missing and a time per submission.
+normal run, one line per changed cell or left-out folder, no path of the grading machine in
+any feedback, and an export of the two assigned chapters with cyd missing, dee's chapter 03
+not graded with the reason, and a time per submission that no learner chose.
 """
 
 from __future__ import annotations
@@ -49,7 +58,8 @@ VENV_BIN = Path(sys.executable).parent
 CH00, CH01, CH03 = "00_setup_and_tour", "01_timeouts_and_retries", "03_idempotency"
 #: what the instructor's course directory holds before any step (git-tracked in the real one)
 SOURCES = {".gitignore", "nbgrader_config.py", "autograder", "solutions", "notebooks"}
-ACCOUNT = re.compile(r"^rbp(\d+)-(ada|bob|cyd)$")
+ACCOUNT = re.compile(r"^rbp(\d+)-(ada|bob|cyd|dee|eve)$")
+LEARNERS = ("ada", "bob", "cyd", "dee", "eve")
 
 pytestmark = pytest.mark.slow
 
@@ -245,6 +255,7 @@ class Machine:
     instructor: Account
     learners: dict[str, Account]
     real_accounts: bool
+    planted: list[Path] = field(default_factory=list)  # made outside ``base`` by a learner: removed afterwards
 
     def teach(self, *args: str, ok: bool = True):
         """The instructor, in the course directory with the venv active."""
@@ -278,7 +289,7 @@ def _learners(base: Path, exchange: Path, handout: Path, created: list[str] | No
     """ada, bob and cyd with their homes, configs and copies: real accounts when ``created`` is a list
     (None when no Python those accounts can run is found), simulated otherwise."""
     learners, found = {}, None
-    for who in ("ada", "bob", "cyd"):
+    for who in LEARNERS:
         home = base / "home" / who
         home.mkdir(parents=True)
         name, uid, gid = who, None, None
@@ -344,10 +355,14 @@ def machine():
                 shutil.rmtree(base / "home")
                 real = False
         learners = learners or _learners(base, exchange, handout, None)
-        yield Machine(base, course, exchange, handout, Account("instructor", ihome, ienv), learners, real)
+        m = Machine(base, course, exchange, handout, Account("instructor", ihome, ienv), learners, real)
+        yield m
     finally:
         for name in created:
+            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)  # a server a failed step left
             subprocess.run(["userdel", name], capture_output=True)
+        for path in m.planted if "m" in locals() else []:
+            shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -381,11 +396,10 @@ def _gradebook_scores(course: Path, chapter: str) -> dict[str, float]:
 @pytest.mark.xdist_group("instructor-flow")  # real accounts as root: on a worker of its own under `make test`
 def test_a_class_on_one_shared_machine(machine: Machine):
     m = machine
-    ada, bob, cyd = (m.student(w) for w in ("ada", "bob", "cyd"))
     mode = f"real accounts running {m.learners['ada'].python}" if m.real_accounts else "simulated accounts"
-    cpu = _cpu()
+    cpu, started = _cpu(), time.perf_counter()
     try:
-        _the_class(m, ada, bob, cyd)
+        _the_class(m, *(m.student(w) for w in LEARNERS))
     except BaseException:
         print("\n\n".join(m.instructor.log + [line for a in m.learners.values() for line in a.log]))
         raise
@@ -396,21 +410,46 @@ def test_a_class_on_one_shared_machine(machine: Machine):
             for what, t in a.seconds
         ]
         print(
-            f"\nlearners: {mode}; {_cpu() - cpu:.1f} s of CPU; " + ", ".join(f"{what} {t:.1f} s" for what, t in steps)
+            f"\nlearners: {mode}; {time.perf_counter() - started:.1f} s, {_cpu() - cpu:.1f} s of CPU; "
+            + ", ".join(f"{what} {t:.1f} s" for what, t in steps)
         )
 
 
-def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
+def _name_time(moment: float) -> str:
+    """A time as ``nbgrader submit`` writes it into a submission folder's name."""
+    return time.strftime("%Y-%m-%d %H:%M:%S.000000 UTC", time.gmtime(moment))
+
+
+def _plant(m: Machine, who: str, folder: str, content: Path, stamp: str) -> Path:
+    """``who`` makes ``inbound/<folder>`` by hand, as any account can: a copy of ``content``, its
+    ``timestamp.txt`` saying ``stamp``, closed to everyone else (mode 700)."""
+    dest = m.exchange / settings.COURSE_ID / "inbound" / folder
+    learner = m.learners[who]
+    learner.run("cp", "-r", str(content), str(dest), cwd=learner.home)
+    learner.run(
+        "sh", "-c", f"printf '%s' '{stamp}' > '{dest}/timestamp.txt' && chmod -R go-rwx '{dest}'", cwd=learner.home
+    )
+    return dest
+
+
+def _the_class(m: Machine, ada: str, bob: str, cyd: str, dee: str, eve: str) -> None:
     # the hand-out holds no solution, and a learner's copy is theirs
     for who in m.learners:
         assert not (m.copy(who) / "solutions").exists(), "the learners' copy holds solutions/"
         assert (m.copy(who) / "notebooks" / CH01 / f"{CH01}.ipynb").exists()
+
+    # a learner makes another's runtime folder before that one first runs (any account can write /tmp)
+    squatted = Path(m.learners["cyd"].env["TMPDIR"]) / f"resilient-course-{m.learners['cyd'].uid}"
+    if m.real_accounts:
+        m.planted.append(squatted)
+        m.learners["bob"].run("mkdir", "-m", "777", str(squatted), cwd=m.learners["bob"].home)
 
     # 1. the roster (so that who hands in nothing is listed), then the chapters handed out
     roster = m.instructor.home / "roster.csv"
     roster.write_text(
         "id,first_name,last_name,email\n"
         f"{ada},Ada,Lovelace,ada@example.org\n{bob},Bob,Kahn,bob@example.org\n{cyd},Cyd,Charisse,cyd@example.org\n"
+        f"{dee},Dee,Hock,dee@example.org\n"
     )
     assert_clean("nbgrader db student import", m.teach("nbgrader", "db", "student", "import", str(roster)))
     out = m.teach("course", "assign", CH01, CH03, "--due", "2030-01-15 17:00:00 UTC")
@@ -422,6 +461,8 @@ def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
     assert_clean("nbgrader release_assignment", out)
     assert f"Released as: {settings.COURSE_ID} {CH01}" in out, out
     assert (m.exchange / settings.COURSE_ID / "outbound" / CH01 / f"{CH01}.ipynb").exists()
+    inbound = m.exchange / settings.COURSE_ID / "inbound"
+    assert inbound.stat().st_mode & stat.S_ISVTX, "inbound/ is not sticky: a learner could move another's folder"
     assert not (m.course / ".exchange").exists(), "the exchange was made inside the repository"
     assert not _world_writable(m.course), f"world-writable in the repository: {_world_writable(m.course)}"
 
@@ -459,27 +500,73 @@ def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
         assert_clean(f"{who}: nbgrader submit", out)
         assert f"Submitted as: {settings.COURSE_ID} {CH01}" in out, out
 
-    # 4. collect
+    # 3b. what an account can do in the exchange by hand: a folder claiming to be ada's (later than
+    # hers, with bob's unfinished notebook), one of bob's own named before anyone's, and one of eve's,
+    # who is not on the roster; a learner cannot move another's folder (inbound/ is sticky)
+    impostors = []
+    if m.real_accounts:
+        genuine = {p.name.split("+")[0]: p for p in inbound.iterdir()}
+        # bob's copy of what he submitted, as nbgrader keeps it for him (its submission secret included)
+        (bob_cached,) = (m.learners["bob"].home / ".local/share/jupyter/nbgrader_cache" / settings.COURSE_ID).iterdir()
+        later = _name_time(time.time() + 3600)
+        impostors = [
+            _plant(m, "bob", f"{ada}+{CH01}+{later}+planted", m.copy("bob") / "notebooks" / CH01, later),
+            _plant(
+                m,
+                "bob",
+                f"{bob}+{CH01}+2020-01-01 00:00:00.000000 UTC+early",
+                bob_cached,
+                "2020-01-01 00:00:00.000000 UTC",
+            ),
+            _plant(m, "eve", f"{eve}+{CH01}+{later}+offroster", m.copy("eve") / "notebooks" / CH01, later),
+        ]
+        code, out = m.learners["bob"].run("mv", str(genuine[ada]), str(inbound / "moved"), cwd=m.copy("bob"), ok=False)
+        assert code != 0 and genuine[ada].exists(), out
+
+    # 4. collect: each learner's own newest folder; the others named, one line each, and left out
     out = m.teach("nbgrader", "collect", CH01)
     if m.real_accounts:
-        assert_clean("nbgrader collect", out)
+        assert_clean("nbgrader collect", out, allowed=("[CollectApp | WARNING] ",))
+        warned = [line.split("] ", 1)[1] for line in out.splitlines() if "[CollectApp | WARNING]" in line]
+        made = warned[1].rsplit(" at ", 1)[-1] if len(warned) > 1 else "?"  # when bob made his "early" folder
+        assert warned == [
+            f"left out: inbound/{impostors[0].name} claims to be {ada}'s but belongs to {bob}",
+            f"inbound/{impostors[1].name}: its name says 2020-01-01 00:00:00 UTC but it was made or last changed "
+            f"at {made}: collected as handed in at {made}",
+            f"left out: inbound/{impostors[2].name} (owner {eve}) names {eve}, who is not on the roster",
+            "left out: 2 folder(s) above; each learner's own newest submission is collected "
+            "(docs/INSTRUCTORS.md, section 4, says how to take a planted folder out of the exchange)",
+        ], out
+        assert "cheating attempt?" not in out and not (m.course / "submitted" / eve).exists()
+        stamp = (m.course / "submitted" / bob / CH01 / "timestamp.txt").read_text()
+        assert not stamp.startswith("2020") and stamp.startswith(time.strftime("%Y-", time.gmtime())), stamp
     else:  # nbgrader checks who owns a submission: simulated learners are the instructor's own uid
         assert_clean("nbgrader collect", out, allowed=("[CollectApp | WARNING] ",))
-        assert out.count("cheating attempt?") == 2, out
+        assert out.count("claims to be") == 2 and "left out" in out, out
+        out = m.teach("nbgrader", "collect", CH01, "--CollectApp.check_owner=False")
+        assert_clean("nbgrader collect --CollectApp.check_owner=False", out)
     for student in (ada, bob):
         assert (m.course / "submitted" / student / CH01 / "timestamp.txt").exists()
+    assert _nb(m.course / "submitted" / ada / CH01 / f"{CH01}.ipynb")["cells"] == handed_in["ada"]["cells"]
+
+    # dee hands chapter 01 in by hand (by e-mail): her notebook and when it came, no submission secret
+    folder = m.course / "submitted" / dee / CH01
+    folder.mkdir(parents=True)
+    (folder / f"{CH01}.ipynb").write_text(json.dumps(work(released, answers), indent=1))
+    m.instructor.run("sh", "-c", f"date -u '+%Y-%m-%d %H:%M:%S UTC' > {folder / 'timestamp.txt'}", cwd=m.course)
 
     # 5. grade the class with `course grade`: two nodes' shares into one cache, then one run records it
     cache = m.base / "shared-cache"
-    for shard in ("1/2", "2/2"):
+    shares = {"1/2": 2, "2/2": 1}  # ada and dee, then bob (learners in order, every other one)
+    for shard, count in shares.items():
         out = m.teach("course", "grade", CH01, f"--shard={shard}", f"--cache={cache}", "--no-record")
         assert_clean(f"course grade --shard {shard}", out)
-        assert f"{CH01}: 1 graded into the cache (not recorded yet), 0 failed to run" in out, out
-    assert len(list((cache / CH01).glob("*.json"))) == 2
+        assert f"{CH01}: {count} graded into the cache (not recorded yet), 0 failed to run" in out, out
+    assert len(list((cache / CH01).glob("*.json"))) == 2  # ada's and dee's answers are the same: graded once
     out = m.teach("course", "grade", CH01, f"--cache={cache}")
     assert len(list((cache / CH01).glob("*.json"))) == 2, "the recording run graded again instead of using the cache"
     assert_clean("course grade", out)
-    assert f"{CH01}: 2 graded, 0 failed to run, 1 tampered" in out and "no timestamp.txt" not in out, out
+    assert f"{CH01}: 3 graded, 0 failed to run, 1 tampered" in out and "no timestamp.txt" not in out, out
     tampered = [line.strip() for line in out.splitlines() if "tampered: " in line]
     assert tampered == [
         f"tampered: {bob}: test cell check_with_retry edited "
@@ -487,7 +574,8 @@ def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
         f"tampered: {bob}: test cell check_retry_test deleted; put back and graded",
     ], out
     task_points = points(CH01)
-    assert _gradebook_scores(m.course, CH01) == {ada: sum(task_points.values()), bob: task_points["is_retryable"]}
+    full = sum(task_points.values())
+    assert _gradebook_scores(m.course, CH01) == {ada: full, bob: task_points["is_retryable"], dee: full}
 
     # 6. chapter 03 by hand: notebooks and their time stamps put into submitted/
     released3 = _nb(m.course / "notebooks" / CH03 / f"{CH03}.ipynb")
@@ -499,6 +587,7 @@ def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
             {"create_order": SNOOP},
             edit={"setup_create_order": ("import Jsonb", "import Json as Jsonb")},
         ),
+        dee: work(released, answers),  # chapter 01's notebook, in chapter 03's place
     }
     for student, nb in by_hand.items():
         folder = m.course / "submitted" / student / CH03
@@ -506,8 +595,16 @@ def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
         (folder / f"{CH03}.ipynb").write_text(json.dumps(nb, indent=1))
         # the docs: date -u '+%Y-%m-%d %H:%M:%S UTC' > submitted/<student>/<chapter>/timestamp.txt
         m.instructor.run("sh", "-c", f"date -u '+%Y-%m-%d %H:%M:%S UTC' > {folder / 'timestamp.txt'}", cwd=m.course)
-    out = m.teach("nbgrader", "autograde", CH03)
-    assert_clean("nbgrader autograde", out, allowed=("changed by the learner:",))
+    code, out = m.teach("nbgrader", "autograde", CH03, ok=False)
+    assert code == 1, out  # one learner not graded: the command says so in its exit code
+    wrong = (
+        f"[AutogradeApp | ERROR] submitted/{dee}/{CH03}/{CH03}.ipynb: this is chapter 01's notebook, handed in as "
+        f"{CH03}: not graded; the earlier grade, its time stamp and the autograded copy are kept"
+    )
+    assert_clean(
+        "nbgrader autograde", out, allowed=("changed by the learner:", wrong, "not graded (see the lines above")
+    )
+    assert wrong in out.splitlines() and "Traceback" not in out, out
     changed = [line for line in out.splitlines() if "changed by the learner:" in line]
     assert changed == [
         f"[AutogradeApp | WARNING] changed by the learner: {bob}: locked cell setup_create_order edited "
@@ -516,9 +613,14 @@ def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
     ], out
     assert _gradebook_scores(m.course, CH03) == {ada: sum(points(CH03).values()), bob: 0.0}
 
-    # 7. feedback: generated, holding no path of this machine, returned through the exchange
-    for chapter in (CH01, CH03):
-        assert_clean("nbgrader generate_feedback", m.teach("nbgrader", "generate_feedback", chapter))
+    # 7. feedback: generated for everyone, holding no path of this machine, returned through the exchange
+    assert_clean("nbgrader generate_feedback", m.teach("nbgrader", "generate_feedback", CH01))
+    out = m.teach("nbgrader", "generate_feedback", CH03)
+    listed = f"not graded, so their feedback says why: {dee} ({CH03}.ipynb: this is chapter 01's notebook, handed in as {CH03})"
+    assert_clean("nbgrader generate_feedback", out, allowed=(listed,))
+    assert f"[GenerateFeedbackApp | WARNING] {listed}" in out.splitlines(), out
+    why = feedback_text(m.course / "feedback" / dee / CH03 / f"{CH03}.html")
+    assert f"{CH03}: not graded" in why and "this is chapter 01's notebook, handed in as 03_idempotency" in why, why
     host = [str(REPO), str(m.base), str(Path(sys.prefix).resolve()), os.path.expanduser("~"), "/tmp/course-grade"]
     for page in (m.course / "feedback").rglob("*.html"):
         text = page.read_text(encoding="utf-8")
@@ -528,34 +630,63 @@ def _the_class(m: Machine, ada: str, bob: str, cyd: str) -> None:
     assert "course code at course/kit/stats.py" in snooped, snooped[:3000]
     assert 'File "course/kit/stats.py", line' in snooped, "the traceback through the course's code is gone"
 
-    out = m.teach("nbgrader", "release_feedback", CH01)
-    assert_clean("nbgrader release_feedback", out)
+    for chapter, by_exchange in ((CH01, [ada, bob]), (CH03, [])):
+        out = m.teach("nbgrader", "release_feedback", chapter)
+        by_hand = sorted({ada, bob, dee} - set(by_exchange))
+        listed = ", ".join(f"{s} (feedback/{s}/{chapter}/)" for s in by_hand)
+        line = (
+            "[ReleaseFeedbackApp | WARNING] not released (handed in by hand, not through the exchange, so there is "
+            f"nothing of theirs to release it to; send them the file): {listed}"
+        )
+        assert_clean(f"nbgrader release_feedback {chapter}", out, allowed=(line,))
+        assert line in out.splitlines() and out.count("Feedback released to:") == len(by_exchange), out
     for who, score in (("ada", 10.0), ("bob", task_points["is_retryable"])):
         out = m.as_learner(who, "fetch_feedback", CH01)
         assert_clean(f"{who}: nbgrader fetch_feedback", out)
         returned = list((m.copy(who) / CH01 / "feedback").glob(f"*/{CH01}.html"))
         assert len(returned) == 1, out
         assert f"{CH01} (Score: {score:.1f} / 10.0)" in feedback_text(returned[0])
+    out = m.as_learner("cyd", "fetch_feedback", CH01)  # never submitted: nothing fetched, and no error
+    assert_clean("cyd: nbgrader fetch_feedback", out)
+    assert "Source: " in out and "Destination: " in out and not (m.copy("cyd") / CH01).exists(), out
 
     # 8. the export: assigned chapters only, a status and a time per submission, missing is not zero
     out = m.teach("nbgrader", "export")
     assert_clean("nbgrader export", out)
-    assert "Exported 2 chapter(s) x 3 learner(s) to grades.csv: 4 graded, 2 missing" in out, out
+    assert "Exported 2 chapter(s) x 4 learner(s) to grades.csv: 5 graded, 2 missing, 1 not graded" in out, out
     with open(m.course / "grades.csv", newline="") as fh:
         rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(fh)}
     assert {a for a, _ in rows} == {CH01, CH03}, f"{CH00} was never assigned, yet it is exported"
-    assert set(rows) == {(a, s) for a in (CH01, CH03) for s in (ada, bob, cyd)}
+    assert set(rows) == {(a, s) for a in (CH01, CH03) for s in (ada, bob, cyd, dee)}, "eve is on no roster"
     for chapter in (CH01, CH03):
         missing = rows[(chapter, cyd)]
         assert (missing["status"], missing["score"], missing["timestamp"]) == ("missing", "", ""), missing
         assert missing["last_name"] == "Charisse" and missing["max_score"] == "10"
-        for student in (ada, bob):
+        for student in (ada, bob, dee):
             row = rows[(chapter, student)]
-            assert row["status"] == "graded" and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row["timestamp"]), row
-            assert row["duedate"] == "2030-01-15T17:00:00Z" and row["seconds_late"] == "0", row
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row["timestamp"]), row
+            assert row["duedate"] == "2030-01-15T17:00:00Z" and row["seconds_late"] in ("0", ""), row
+            if (chapter, student) != (CH03, dee):
+                assert row["status"] == "graded" and row["note"] == "", row
     assert rows[(CH01, ada)]["score"] == "10" and rows[(CH03, bob)]["score"] == "0"
+    not_graded = rows[(CH03, dee)]
+    assert (not_graded["status"], not_graded["score"]) == ("not graded", ""), not_graded
+    assert not_graded["note"] == f"{CH03}.ipynb: this is chapter 01's notebook, handed in as {CH03}", not_graded
+    assert not rows[(CH01, bob)]["timestamp"].startswith("2020"), "bob's forged time was exported"
 
-    # 9. nothing the class made would be committed
+    # 9. cyd, whose runtime folder bob made first, checks a chapter: one line names the folder, no traceback
+    if m.real_accounts:
+        notebook = m.copy("cyd") / "notebooks" / CH00 / f"{CH00}.ipynb"
+        code, out = m.learners["cyd"].run(
+            m.learners["cyd"].python, "-m", "course.kit.cli", "check", str(notebook), cwd=m.copy("cyd"), ok=False
+        )
+        assert code == 1 and "total: 0/2" in out and "Traceback" not in out, out  # the unfinished chapter: 0 points
+        named = [line for line in out.splitlines() if str(squatted) in line]
+        assert len(named) == 1 and f"belongs to uid {m.learners['bob'].uid}" in named[0], out
+        assert "another account made it first" in named[0] and "sudo rm -r" in named[0], out
+        assert not list(squatted.iterdir()), "cyd's servers used the folder bob made"
+
+    # 10. nothing the class made would be committed
     subprocess.run(["git", "init", "-q", str(m.course)], check=True)
     status = subprocess.run(
         ["git", "-C", str(m.course), "status", "--porcelain", "--untracked-files=normal"],

@@ -93,13 +93,65 @@ def _private(path: Path, uid: int) -> str | None:
     return None
 
 
-def runtime_dir() -> Path:
-    """This account's own folder for server locks, sockets and data.
+def _own_folder(path: Path, uid: int) -> str | None:
+    """Make ``path`` (mode 0700) if it is missing; None when it is this account's own, else why not."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        return f"cannot be made ({err.strerror})"
+    return _private(path, uid)
 
-    ``$XDG_RUNTIME_DIR/resilient-course`` when ``$XDG_RUNTIME_DIR`` is a folder this account
-    owns (a login session's ``/run/user/UID``), else ``resilient-course-UID`` in the temporary
-    folder, made with mode 0700. Either way its owner is checked: a folder another account
-    made there first (to read or plant sockets) is refused with what to do, never used.
+
+#: Root's folder when the temporary folder's name is taken: only root makes folders in ``/run``.
+ROOT_RUNTIME = Path("/run/resilient-course")
+
+
+def _private_runtime_dir() -> Path:
+    """A folder no other account can make first: ``~/.cache/resilient-course/run-HOST`` (under the home).
+
+    Named after the machine, because a home may be shared by several machines (NFS) while
+    sockets and process ids are each machine's own. For root, ``/run/resilient-course``
+    instead: root's embedded PostgreSQL runs as the ``pgserver`` account, which opens every
+    folder above its data to others (it would open root's home).
+    """
+    if os.getuid() == 0 and _private(ROOT_RUNTIME.parent, 0) is None:
+        return ROOT_RUNTIME
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname())[:32] or "host"
+    return base / "resilient-course" / f"run-{host}"
+
+
+_noticed: set[Path] = set()
+
+
+def _notice(squatted: Path, problem: str, used: Path) -> None:
+    """One line on stderr, once per process, about a runtime folder another account made first."""
+    if squatted in _noticed:
+        return
+    _noticed.add(squatted)
+    print(
+        f"course: {squatted} {problem}: another account made it first, so this account's servers "
+        f"use {used} instead (the machine's administrator can remove it: sudo rm -r {squatted})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def runtime_dir() -> Path:
+    """This account's own folder for server locks, sockets and data, never one another account made.
+
+    In order: ``$XDG_RUNTIME_DIR/resilient-course`` when ``$XDG_RUNTIME_DIR`` is a folder this
+    account owns (a login session's ``/run/user/UID``); a folder no other account can make
+    (:func:`_private_runtime_dir`: under the home, or root's in ``/run``), when an earlier run
+    had to use it; else
+    ``resilient-course-UID`` in the temporary folder, made with mode 0700. Any account can make
+    that last name first (to read or plant sockets, or only to stop the other account's servers):
+    a folder there that is not this account's alone is left as it is, named in one line on
+    stderr, and that other folder is used instead (from then on, so that ``course up`` and
+    ``course down`` keep finding each other). Where it cannot be made either, a fresh folder
+    from :func:`tempfile.mkdtemp`, this process's own. Never an exception.
     (Root's embedded PostgreSQL runs as the ``pgserver`` account, which makes the folders
     above its data readable by others: the data folder itself stays ``pgserver``'s own.)
     """
@@ -107,21 +159,40 @@ def runtime_dir() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and Path(xdg).is_absolute() and _private(Path(xdg), uid) is None:
         path = Path(xdg) / "resilient-course"
-    else:
-        path = Path(tempfile.gettempdir()) / f"resilient-course-{uid}"
+        if _own_folder(path, uid) is None:
+            return path
+    global _fresh
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
+        private = _private_runtime_dir()
+    except (RuntimeError, KeyError):  # no home to be found
+        private = None
+    if (
+        private
+        and private.is_dir()
+        and _private(private, uid) is None
+        and _private(private.parent, uid) is None
+    ):
+        return private
+    expected = Path(tempfile.gettempdir()) / f"resilient-course-{uid}"
+    problem = _own_folder(expected, uid)
+    if problem is None:
+        return expected
+    try:
+        private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if _private(private.parent, uid) is None and _own_folder(private, uid) is None:
+            _notice(expected, problem, private)
+            return private
+    except (OSError, AttributeError):
         pass
-    except OSError as err:
-        raise BackendError(f"cannot make the course's runtime folder {path}: {err.strerror}") from None
-    problem = _private(path, uid)
-    if problem:
-        raise BackendError(
-            f"the course's runtime folder {path} {problem}: remove it (or ask the machine's "
-            "administrator to), or set COURSE_STATE_DIR to a folder of your own"
-        )
-    return path
+    if _fresh is None or _private(_fresh, uid) is not None:
+        _fresh = Path(tempfile.mkdtemp(prefix=f"resilient-course-{uid}-"))
+    _notice(expected, problem, _fresh)
+    return _fresh
+
+
+_fresh: Path | None = (
+    None  # this process's own folder, where neither the expected one nor the home's can be used
+)
 
 
 # --------------------------------------------------------------------------- resolution

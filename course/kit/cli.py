@@ -141,18 +141,30 @@ def doctor(args) -> int:
 
     from course.kit import backends, lab
 
+    up_info = _read_up()
     try:
         kind, reason = backends.choose()
-        line(True, f"backend: {kind} ({reason})")
+        ours = (
+            kind == "env"
+            and up_info is not None
+            and (os.environ.get("REDIS_URL"), os.environ.get("DATABASE_URL"))
+            == (up_info["redis_url"], up_info["database_url"])
+        )
+        line(
+            True,
+            f"backend: {kind} ({reason}"
+            + (f": the servers of `course up`, pid {up_info['pid']})" if ours else ")"),
+        )
         t0 = time.perf_counter()
         srv = backends.servers()
         started = time.perf_counter() - t0
         if srv.startup_seconds:
             parts = ", ".join(f"{k} {v:.2f} s" for k, v in srv.startup_seconds.items())
-            line(True, f"servers started in {started:.2f} s ({parts})")
+            line(True, f"servers started for this check in {started:.2f} s ({parts}); stopped when it ends")
     except Exception as err:  # noqa: BLE001
         line(False, f"backend: {err}")
         return 1
+    before = failures
 
     try:
         import redis as redis_sync
@@ -188,10 +200,22 @@ def doctor(args) -> int:
     except Exception as err:  # noqa: BLE001
         line(False, f"isolated namespace: {type(err).__name__}: {err}")
 
+    if failures > before and kind == "env":
+        print(_remedy(up_info, ours))
     print("all OK" if not failures else f"{failures} problem(s) above")
     if getattr(args, "instructor", False):
         failures += doctor_instructor(Path.cwd())
     return 1 if failures else 0
+
+
+def _remedy(up_info: dict | None, ours: bool) -> str:
+    """What to do when the servers named by REDIS_URL and DATABASE_URL do not answer."""
+    again = '`eval "$(course up --export)"` restarts what stopped and prints URLs that answer'
+    if ours:
+        return f"the servers of `course up` (pid {up_info['pid']}) stopped answering: {again}"
+    if up_info is not None:
+        return f"REDIS_URL and DATABASE_URL are not those of `course up` (pid {up_info['pid']}): {again}"
+    return f"nothing of `course up` runs: start your servers again, or {again}"
 
 
 # ----------------------------------------------------------------------------- doctor --instructor
@@ -323,15 +347,67 @@ def _read_up() -> dict | None:
     return info
 
 
+def _not_answering(redis_url: str, database_url: str) -> list[str]:
+    """``["PostgreSQL at URL"]``: which of the two servers does not answer a round trip."""
+    import psycopg
+    import redis as redis_sync
+
+    dead = []
+    try:
+        client = redis_sync.Redis.from_url(redis_url, socket_connect_timeout=3, socket_timeout=3)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - any failure means "does not answer"
+        dead.append(f"Redis at {redis_url}")
+    try:
+        with psycopg.connect(database_url, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception:  # noqa: BLE001
+        dead.append(f"PostgreSQL at {database_url}")
+    return dead
+
+
+def _stop_up(info: dict) -> None:
+    """Stop the process behind ``course up`` (and so its servers): SIGTERM, then SIGKILL."""
+    from course.kit import procs
+
+    os.kill(info["pid"], signal.SIGTERM)
+    if not procs.wait_gone(info["pid"], 30):  # PostgreSQL's shutdown can take a while on a busy machine
+        procs.stop(info["pid"], sig=signal.SIGKILL, grace=5)
+
+
 def up(args) -> int:
+    """Start servers (or find those an earlier ``course up`` started) and print their URLs.
+
+    Servers an earlier ``course up`` started that stopped answering (a killed PostgreSQL, a
+    reboot) are started again, with one line on stderr saying so: the URLs printed are always
+    of servers that answer. ``course up`` starts servers of its own: URLs already in the
+    environment (printed by an earlier ``course up --export``) are not served again.
+    """
     info = _read_up()
+    if info is not None:
+        dead = _not_answering(info["redis_url"], info["database_url"])
+        if dead:
+            _stop_up(info)
+            info = None
+            print(
+                f"course up: {' and '.join(dead)} stopped answering: restarted the servers "
+                "(their URLs below are new; export them again)",
+                file=sys.stderr,
+            )
     if info is None:
+        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+        if env.get("COURSE_BACKEND", "").strip().lower() == "env":
+            del env["COURSE_BACKEND"]
         proc = subprocess.Popen(
             [sys.executable, "-m", "course.kit.cli", "_serve"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=env,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and info is None:
@@ -381,14 +457,8 @@ def down(args) -> int:
     if info is None:
         print("no servers of `course up` are running")
         return 0
-    from course.kit import procs
-
-    os.kill(info["pid"], signal.SIGTERM)
-    if procs.wait_gone(info["pid"], 30):  # PostgreSQL's shutdown can take a while on a busy machine
-        print(f"servers stopped (pid {info['pid']})")
-        return 0
-    procs.stop(info["pid"], sig=signal.SIGKILL, grace=5)
-    print(f"servers killed (pid {info['pid']})")
+    _stop_up(info)
+    print(f"servers stopped (pid {info['pid']})")
     return 0
 
 
