@@ -75,7 +75,7 @@ def test_every_chapter_past_the_tour_has_drills_and_mistakes_in_the_deck():
         if chapter[:2] == "00":  # the tour has no drills
             continue
         if chapter[:2] == "14":  # the drill chapter's own cards
-            assert {"code", "estimate", "design"} <= kinds, kinds
+            assert {"code", "estimate", "design", "drill"} <= kinds, kinds
             continue
         assert {"drill", "mistake"} <= kinds, f"{chapter}: the deck holds only {kinds or 'nothing'} from it"
 
@@ -94,14 +94,41 @@ def test_every_card_is_found_in_its_chapter():
     assert len({c.id for c in DECK}) == len(DECK)
 
 
-def test_chapter_14_has_six_wrong_code_cards_seven_estimates_and_six_design_prompts():
+def test_chapter_14_has_wrong_code_estimates_fundamentals_and_eleven_design_prompts():
     own = [c for c in DECK if c.chapter == "14"]
-    assert sorted(c.kind for c in own) == ["code"] * 6 + ["design"] * 6 + ["estimate"] * 7
+    kinds = sorted(c.kind for c in own)
+    assert kinds == ["code"] * 6 + ["design"] * 11 + ["drill"] * 7 + ["estimate"] * 9, kinds
     for card in own:
         if card.kind == "code":
             assert card.context.startswith("```python") and card.context.endswith("```"), card.context
-        if card.kind == "design":
-            assert "**Rubric**" in card.back and "**Model answer.**" in card.back and card.context
+
+
+def test_every_design_prompt_has_a_rubric_a_model_answer_and_follow_ups():
+    """At least six classic prompts beyond the first six, each in a chapter's drill section."""
+    design = [c for c in DECK if c.kind == "design"]
+    for card in design:
+        assert card.context, card.id  # the prompt's requirements, above its answer
+        assert all(part in card.back for part in ("**Rubric**", "**Model answer.**", "**Follow-ups.**")), card.id
+    fronts = " ".join(c.front.lower() for c in design)
+    for system in ("crawler", "key-value", "file sync", "video", "autocomplete", "ride-hailing", "id generator"):
+        assert system in fronts, system
+    assert {c.chapter for c in design} >= {"04", "05", "14"}
+
+
+def test_the_fundamentals_interviews_ask_about_are_cards():
+    text = " ".join(f"{c.front} {c.back}" for c in DECK).lower()
+    for topic in (
+        "dns",
+        "cdn",
+        "load balanc",
+        "replication",
+        "raft",
+        "lsm-tree",
+        "b-tree",
+        "object storage",
+        "main-memory reference",
+    ):
+        assert topic in text, topic
 
 
 def test_a_learners_copy_without_solutions_gives_the_same_deck(tmp_path):
@@ -154,11 +181,69 @@ def test_every_card_has_an_id_written_beside_it_and_no_id_is_used_twice(tmp_path
         drill.load_deck(tmp_path, strict=True)
 
 
+def test_a_repeated_mistake_keeps_its_text_in_its_chapter_and_one_card_in_the_deck():
+    """Chapter 05 lists "Retries without jitter" among its mistakes; the deck holds it once, as
+    chapter 01's card, which names chapter 05 as another place it comes up."""
+    text = "\n".join(_markdown(NOTEBOOKS["05_messaging"]))
+    assert "**Retries without jitter.**" in text
+    assert not [c for c in DECK if c.chapter == "05" and "jitter" in c.front.lower()]
+    jitter = next(c for c in DECK if c.chapter == "01" and c.front == "Why add jitter to retries?")
+    assert "05" in jitter.also and "also in" in jitter.source
+
+
 def test_links_come_from_prose_never_from_code():
     breaker = next(c for c in DECK if c.kind == "code" and "circuit breaker" in c.front.lower())
     assert "http://{service}{path}" in breaker.context
     assert all("{" not in url and "}" not in url for c in DECK for _, url in c.links)
     assert all(url.startswith(("http://", "https://")) and "." in url.split("/")[2] for c in DECK for _, url in c.links)
+
+
+# ----------------------------------------------------------------------------- what the cards say
+
+#: Phrases that only make sense inside the notebook a card was read from.
+NOT_SELF_CONTAINED = re.compile(
+    r"\b(shown above|see above|the \w+ above|above\)|above:|section \d|this section|that section|"
+    r"the first figure|this chapter|the figure|the plot|the check in (?:that|this))\b",
+    re.I,
+)
+
+
+def test_every_card_reads_on_its_own_outside_its_notebook():
+    """A card is reviewed weeks later, in a terminal or in Anki: "shown above" or "section 5" point
+    at nothing there."""
+    found = [
+        (c.id, m.group(0)) for c in DECK for m in NOT_SELF_CONTAINED.finditer("\n".join((c.front, c.back, c.context)))
+    ]
+    assert not found, found
+
+
+def test_each_mistake_card_names_one_mistake():
+    """A card whose question names one mistake holds one: a second bold mistake is a second card."""
+    several = [(c.id, re.findall(r"\*\*(.+?)\*\*", c.back)) for c in DECK if c.kind == "mistake"]
+    assert not [(cid, bold) for cid, bold in several if len(bold) > 1]
+
+
+def test_zadd_throughput_is_stated_in_one_card_and_the_others_point_at_it():
+    stated = [c.id for c in DECK if re.search(r"(ZADD|sorted.set).{0,120}\b(tens|hundreds) of thousands", c.back, re.S)]
+    assert len(stated) <= 1, stated
+    assert not [c.id for c in DECK if "tens of thousands" in c.back and "ZADD" in c.back]
+
+
+def test_fsrs_is_described_as_opt_in_in_anki_where_sm2_is_the_default():
+    pages = [(REPO / "README.md").read_text(), "\n".join(_markdown(NOTEBOOKS["14_interview_drills"]))]
+    for text in pages:
+        assert not re.search(r"replacing SM-2|FSRS is its scheduler|the one Anki uses|Anki adopted", text), text[:80]
+    assert "SM-2" in pages[1] and re.search(r"opt-in|turn(ed)? on", pages[1])
+
+
+def test_the_cards_agree_with_chapters_12_and_13():
+    """The leaderboard rebuild merges into the live board (chapter 13: a RENAME of an aside copy
+    loses the events recorded meanwhile); links are partitioned by id range if at all (chapter 12:
+    a table partitioned by time cannot hold UNIQUE (code))."""
+    everything = "\n".join(c.back for c in DECK)
+    assert "into a fresh key and swaps it" not in everything
+    assert "partitions by creation time" not in everything
+    assert "ZADD\nGT` while the game keeps writing" in everything
 
 
 # ----------------------------------------------------------------------------- progress

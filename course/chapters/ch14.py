@@ -278,11 +278,14 @@ class DrillWidget:
         new_per_day: int = 20,
         day: LearnerDay | None = None,
         fuzz: bool = True,
+        new_limit_per: str = "course",
     ) -> None:
         import ipywidgets as w
 
         kwargs = {"clock": clock} if clock else {}
-        self.session = Session(deck, store, new_per_day=new_per_day, day=day, fuzz=fuzz, **kwargs)
+        self.session = Session(
+            deck, store, new_per_day=new_per_day, day=day, fuzz=fuzz, new_limit_per=new_limit_per, **kwargs
+        )
         self.current: Card | None = None
         self.shown_at: datetime | None = None
         self.on_done: list[Callable[[], None]] = []

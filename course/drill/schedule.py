@@ -73,7 +73,8 @@ class _Done:
 class Session:
     """A review session over ``deck``: learning cards whose step is over first, then the cards due
     today (oldest first), then new cards up to ``new_per_day`` a learner's day across the whole
-    course (whatever ``deck`` was filtered to). ``clock`` returns an aware UTC datetime (inject one);
+    course (whatever ``deck`` was filtered to; ``new_limit_per="deck"`` counts only ``deck``'s, for a
+    practice session of its own). ``clock`` returns an aware UTC datetime (inject one);
     ``day`` is the learner's calendar (default: this machine's local time, 4 am rollover)."""
 
     def __init__(
@@ -87,6 +88,7 @@ class Session:
         day: LearnerDay | None = None,
         fuzz: bool = True,
         leech_lapses: int = LEECH_LAPSES,
+        new_limit_per: str = "course",
     ) -> None:
         import fsrs
 
@@ -114,6 +116,8 @@ class Session:
             key=lambda c: (self._due_day(c), self.states[c.id].due),
         )
         seen_today = self.store.new_cards_seen(self.day.start(now))  # every chapter's: one limit a day
+        if new_limit_per == "deck":  # a practice session of its own (chapter 14's design prompts)
+            seen_today &= {c.id for c in deck}
         order = list(PROMPTS)  # new cards take turns across chapters and kinds: #1 of each section first
         new = sorted(
             (c for c in cards if c.id not in self.states), key=lambda c: (c.number, order.index(c.kind))

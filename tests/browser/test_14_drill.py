@@ -45,7 +45,7 @@ def test_14_one_review_by_clicks_in_jupyterlab(learner_lab, browser):
     # the wrong-code cards render as a snippet above a closed <details> each
     section = panel.locator(".jp-RenderedMarkdown", has=notebook.page.locator("h2", has_text="What is wrong"))
     section.scroll_into_view_if_needed()
-    assert section.locator("details").count() == 6 + 7  # six snippets, seven estimates in the same cell
+    assert section.locator("details").count() == 6 + 9  # six snippets, nine estimates in the same cell
     assert section.locator("pre").count() == 6
     assert not section.locator("details[open]").count()
     print(f"screenshot {screenshot(notebook.page, '14-wrong-code')}")
