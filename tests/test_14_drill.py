@@ -349,3 +349,27 @@ def test_the_history_keeps_days_without_reviews(tmp_path):
     drill.Session([card], store, clock=clock, day=ch14.DEMO_DAY, fuzz=False).rate(card, 3)
     rows = ch14.history(store, ch14.DEMO_DAY)
     assert [r["new"] + r["review"] + r["learning"] for r in rows] == [1, 0, 0, 0, 1]
+
+
+def test_your_reviews_plot_redraws_when_the_session_runs_out_of_cards(tmp_path):
+    store = progress.Store(tmp_path / "s.sqlite3")
+    view = ch14.HistoryView(store)
+    widget = ch14.DrillWidget(DECK[:1], store, clock=ch14.Clock(), fuzz=False)
+    redrawn = []
+    view.redraw = lambda: redrawn.append(len(store.reviews()))  # outside a kernel an Output records nothing
+    view.watch(widget)
+    widget.show.click()
+    widget.buttons[3].click()  # Easy: days away, nothing left in this session
+    assert redrawn == [1]
+
+
+def test_the_design_practice_widget_has_its_own_new_card_allowance(tmp_path):
+    store = progress.Store(tmp_path / "s.sqlite3")
+    clock = ch14.Clock()
+    session = drill.Session([c for c in DECK if c.kind == "drill"][:3], store, clock=clock, new_per_day=3)
+    while session.new:
+        session.rate(session.new[0], 4)
+    design = [c for c in DECK if c.kind == "design"]
+    assert ch14.DrillWidget(design, store, clock=clock, new_per_day=3).current is None  # the day's 3 are used
+    practice = ch14.DrillWidget(design, store, clock=clock, new_per_day=1, new_limit_per="deck")
+    assert practice.current is not None and practice.current.kind == "design"
