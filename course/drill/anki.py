@@ -9,7 +9,7 @@ can fit its parameters to them. A suspended card (a leech) arrives suspended, ta
 
 Each note's guid is the card's stable id, so importing a newer export updates the notes in place,
 even after a question was reworded. Tested against the real Anki (the ``anki`` package) in
-``tests/test_14_drill.py``.
+``tests/test_14_sessions.py``.
 """
 
 from __future__ import annotations
