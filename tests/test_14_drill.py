@@ -202,7 +202,7 @@ def test_links_come_from_prose_never_from_code():
 
 #: Phrases that only make sense inside the notebook a card was read from.
 NOT_SELF_CONTAINED = re.compile(
-    r"\b(shown above|see above|the \w+ above|above\)|above:|section \d|this section|that section|"
+    r"\b(shown above|see above|the (?:\w+ ){1,2}above|above\)|above:|section \d|this section|that section|"
     r"the first figure|this chapter|the figure|the plot|the check in (?:that|this))\b",
     re.I,
 )
