@@ -1,5 +1,6 @@
-"""Chapter 14: the deck read from the chapters, FSRS scheduling through an injected clock, the state
-file, the terminal session in a pseudo-terminal, the Anki export, and the progress record."""
+"""Chapter 14: the deck read from the chapters (stable ids, one card per idea, every card
+self-contained), the state file, the progress record and the widget. Sessions, the terminal and
+Anki are ``tests/test_14_sessions.py``."""
 
 from __future__ import annotations
 
@@ -7,14 +8,10 @@ import html
 import json
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
-import zipfile
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import fsrs
 import pytest
 
 from course import drill, progress
@@ -41,11 +38,13 @@ def _fold(text: str) -> str:
 
 @pytest.mark.parametrize("chapter", list(NOTEBOOKS))
 def test_every_drill_answer_of_every_chapter_is_a_card(chapter):
-    """Every <details> block of a chapter (the course's markup for a model answer) is a card of it."""
+    """Every <details> block of a chapter (the course's markup for a model answer) is a card of it,
+    except a block that says it repeats another card (``card: see ...``)."""
     summaries = [
-        _fold(re.sub(r"^\s*\d+\.\s*", "", _fold(s)))
+        _fold(re.sub(r"^\s*\d+\.\s*", "", _fold(block.group(1))))
         for text in _markdown(NOTEBOOKS[chapter])
-        for s in re.findall(r"<summary>(.*?)</summary>", text, re.S)
+        for block in re.finditer(r"<details>\s*<summary>(.*?)</summary>(.*?)</details>", text, re.S)
+        if "card: see" not in block.group(2)
     ]
     fronts = {_fold(c.front) for c in DECK if c.chapter == chapter[:2]}
     missing = [s for s in summaries if s not in fronts]
@@ -59,7 +58,10 @@ def test_every_typical_mistake_of_every_chapter_is_a_card(chapter):
         for m in re.finditer(r"^(#+)\s+(?:\d+\.\s*)?Typical mistakes.*$", text, re.M | re.I):
             rest = text[m.end() :]
             nxt = re.search(rf"^#{{1,{len(m.group(1))}}}\s", rest, re.M)
-            items += re.findall(r"^\d+\.\s+(.*)$", rest[: nxt.start() if nxt else None], re.M)
+            section = rest[: nxt.start() if nxt else None]
+            for item in re.split(r"^(?=\d+\.\s)", section, flags=re.M):
+                if re.match(r"\d+\.\s", item) and "card: see" not in item:
+                    items.append(item.splitlines()[0])
     cards = [c for c in DECK if c.chapter == chapter[:2] and c.kind == "mistake"]
     assert len(cards) == len(items), f"{chapter}: {len(items)} typical mistakes, {len(cards)} cards"
     for item, card in zip(items, cards, strict=True):
@@ -73,7 +75,7 @@ def test_every_chapter_past_the_tour_has_drills_and_mistakes_in_the_deck():
         if chapter[:2] == "00":  # the tour has no drills
             continue
         if chapter[:2] == "14":  # the drill chapter's own cards
-            assert {"code", "estimate", "design"} <= kinds, kinds
+            assert {"code", "estimate", "design", "drill"} <= kinds, kinds
             continue
         assert {"drill", "mistake"} <= kinds, f"{chapter}: the deck holds only {kinds or 'nothing'} from it"
 
@@ -92,14 +94,41 @@ def test_every_card_is_found_in_its_chapter():
     assert len({c.id for c in DECK}) == len(DECK)
 
 
-def test_chapter_14_has_six_wrong_code_cards_seven_estimates_and_six_design_prompts():
+def test_chapter_14_has_wrong_code_estimates_fundamentals_and_eleven_design_prompts():
     own = [c for c in DECK if c.chapter == "14"]
-    assert sorted(c.kind for c in own) == ["code"] * 6 + ["design"] * 6 + ["estimate"] * 7
+    kinds = sorted(c.kind for c in own)
+    assert kinds == ["code"] * 6 + ["design"] * 11 + ["drill"] * 7 + ["estimate"] * 9, kinds
     for card in own:
         if card.kind == "code":
             assert card.context.startswith("```python") and card.context.endswith("```"), card.context
-        if card.kind == "design":
-            assert "**Rubric**" in card.back and "**Model answer.**" in card.back and card.context
+
+
+def test_every_design_prompt_has_a_rubric_a_model_answer_and_follow_ups():
+    """At least six classic prompts beyond the first six, each in a chapter's drill section."""
+    design = [c for c in DECK if c.kind == "design"]
+    for card in design:
+        assert card.context, card.id  # the prompt's requirements, above its answer
+        assert all(part in card.back for part in ("**Rubric**", "**Model answer.**", "**Follow-ups.**")), card.id
+    fronts = " ".join(c.front.lower() for c in design)
+    for system in ("crawler", "key-value", "file sync", "video", "autocomplete", "ride-hailing", "id generator"):
+        assert system in fronts, system
+    assert {c.chapter for c in design} >= {"04", "05", "14"}
+
+
+def test_the_fundamentals_interviews_ask_about_are_cards():
+    text = " ".join(f"{c.front} {c.back}" for c in DECK).lower()
+    for topic in (
+        "dns",
+        "cdn",
+        "load balanc",
+        "replication",
+        "raft",
+        "lsm-tree",
+        "b-tree",
+        "object storage",
+        "main-memory reference",
+    ):
+        assert topic in text, topic
 
 
 def test_a_learners_copy_without_solutions_gives_the_same_deck(tmp_path):
@@ -110,14 +139,19 @@ def test_a_learners_copy_without_solutions_gives_the_same_deck(tmp_path):
     assert [(c.id, c.back) for c in copy] == [(c.id, c.back) for c in expected]
 
 
-def test_editing_a_drill_changes_its_card_and_a_hidden_question_is_refused(tmp_path):
-    folder = tmp_path / "solutions" / "03_idempotency"
-    shutil.copytree(REPO / "solutions" / "03_idempotency", folder)
-    path = folder / "03_idempotency.ipynb"
+def _copy_chapter(tmp_path, chapter="03_idempotency") -> Path:
+    folder = tmp_path / "solutions" / chapter
+    shutil.copytree(REPO / "solutions" / chapter, folder)
+    return folder / f"{chapter}.ipynb"
+
+
+def test_rewording_a_question_keeps_its_id_and_a_hidden_question_is_refused(tmp_path):
+    path = _copy_chapter(tmp_path)
     text = path.read_text()
+    before = next(c for c in drill.load_deck(tmp_path) if c.front.startswith("Why not SELECT the key first"))
     path.write_text(text.replace("Why not SELECT the key first", "Why not read the key first"))
-    fronts = [c.front for c in drill.load_deck(tmp_path) if c.kind == "drill"]
-    assert any(f.startswith("Why not read the key first") for f in fronts)
+    after = next(c for c in drill.load_deck(tmp_path) if c.front.startswith("Why not read the key first"))
+    assert after.id == before.id  # the history, and the Anki note, stay with the card
     path.write_text(
         text.replace(
             "<summary><b>2. Why not SELECT the key first and INSERT if it is absent?</b>", "<summary>Model answer"
@@ -129,146 +163,87 @@ def test_editing_a_drill_changes_its_card_and_a_hidden_question_is_refused(tmp_p
         assert drill.load_deck(tmp_path) == []
 
 
-# ----------------------------------------------------------------------------- scheduling
+def test_every_card_has_an_id_written_beside_it_and_no_id_is_used_twice(tmp_path):
+    deck = drill.load_deck(strict=True)  # raises on a card without an id, an id twice, a see of nothing
+    assert len({c.id for c in deck}) == len(deck)
+    path = _copy_chapter(tmp_path)
+    text = path.read_text()
+    card = next(c for c in deck if c.chapter == "03" and c.kind == "drill")
+    path.write_text(text.replace(f"<!-- card: {card.id} -->\\n", "", 1))
+    with pytest.raises(drill.DeckError, match=rf"has no id: add the line <!-- card: {card.id} -->"):
+        drill.load_deck(tmp_path, strict=True)
+    other = next(c for c in deck if c.chapter == "03" and c.kind == "mistake")
+    path.write_text(text.replace(f"card: {other.id}", f"card: {card.id}"))
+    with pytest.raises(drill.DeckError, match=f"card ids used twice: \\['{card.id}'\\]"):
+        drill.load_deck(tmp_path, strict=True)
+    path.write_text(text.replace(f"card: {other.id}", "card: see 99-drill-000000000000"))
+    with pytest.raises(drill.DeckError, match="'see' references to no card"):
+        drill.load_deck(tmp_path, strict=True)
 
 
-def test_a_scripted_week_of_reviews_gives_the_due_dates_fsrs_gives(tmp_path):
-    """Seven simulated days through an injected clock: every due date is fsrs.Scheduler's for the
-    same ratings at the same times, and each day's queue is exactly the due cards, then new ones."""
-    deck = [c for c in DECK if c.chapter == "03"][:6]
-    store = progress.Store(tmp_path / "state.sqlite3")
-    clock = ch14.Clock(datetime(2026, 3, 2, 8, 0, tzinfo=UTC))
-    ratings = iter([3, 1, 3, 2, 4, 3, 3, 1, 2, 3, 4, 3] * 20)
-    reference = fsrs.Scheduler(enable_fuzzing=False)
-    plain: dict[str, fsrs.Card] = {}
-    for _day in range(7):
-        session = drill.Session(deck, store, clock=clock, new_per_day=2)
-        due_now = {cid for cid, c in plain.items() if c.due <= clock()}
-        first = [c.id for c in session.queue[: len(due_now)]]
-        assert set(first) == due_now and all(c.id not in plain for c in session.queue[len(due_now) :])
-        while (card := session.next()) is not None:
-            rating = next(ratings)
-            due = session.rate(card, rating)
-            state = plain.get(card.id) or fsrs.Card(card_id=card.fsrs_id, due=clock())
-            plain[card.id], _ = reference.review_card(state, fsrs.Rating(rating), clock())
-            assert due == plain[card.id].due, (card.id, rating, clock())
-            clock.advance(minutes=11)  # past the 10-minute learning step
-        clock.now = clock.now.replace(hour=8, minute=0) + timedelta(days=1)
-    assert len(plain) == 6  # two new cards a day: all six seen by day 3
-    assert len(store.reviews()) >= 14
+def test_a_repeated_mistake_keeps_its_text_in_its_chapter_and_one_card_in_the_deck():
+    """Chapter 05 lists "Retries without jitter" among its mistakes; the deck holds it once, as
+    chapter 01's card, which names chapter 05 as another place it comes up."""
+    text = "\n".join(_markdown(NOTEBOOKS["05_messaging"]))
+    assert "**Retries without jitter.**" in text
+    assert not [c for c in DECK if c.chapter == "05" and "jitter" in c.front.lower()]
+    jitter = next(c for c in DECK if c.chapter == "01" and c.front == "Why add jitter to retries?")
+    assert "05" in jitter.also and "also in" in jitter.source
 
 
-def test_state_persists_across_a_restart(tmp_path):
-    path = tmp_path / "state.sqlite3"
-    clock = ch14.Clock()
-    with progress.Store(path) as store:
-        session = drill.Session(DECK[:3], store, clock=clock)
-        card = session.next()
-        due = session.rate(card, 4)  # Easy: out of learning, days away
-    clock.advance(hours=1)
-    again = drill.Session(DECK[:3], progress.Store(path), clock=clock)  # a new process would do the same
-    assert card.id not in {c.id for c in again.queue} and not again.is_new(card)
-    assert again.states[card.id].due == due
-    assert again.counts == {"due": 0, "new": 2}
-    out = subprocess.run(
-        [sys.executable, "-m", "course.drill", "progress", "--state", str(path), "--json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        check=True,
-    )
-    rows = {r["chapter"]: r for r in json.loads(out.stdout)["chapters"]}
-    assert rows[card.chapter]["seen"] == 1
+def test_links_come_from_prose_never_from_code():
+    breaker = next(c for c in DECK if c.kind == "code" and "circuit breaker" in c.front.lower())
+    assert "http://{service}{path}" in breaker.context
+    assert all("{" not in url and "}" not in url for c in DECK for _, url in c.links)
+    assert all(url.startswith(("http://", "https://")) and "." in url.split("/")[2] for c in DECK for _, url in c.links)
 
 
-def test_the_state_lives_under_the_learners_home_never_the_repository(monkeypatch, tmp_path):
-    monkeypatch.delenv("COURSE_STATE", raising=False)
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    assert progress.default_path() == tmp_path / "xdg" / "resilient-course" / "state.sqlite3"
-    monkeypatch.delenv("XDG_DATA_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert progress.default_path() == tmp_path / "home" / ".local" / "share" / "resilient-course" / "state.sqlite3"
-    monkeypatch.setenv("COURSE_STATE", str(tmp_path / "mine.db"))
-    assert progress.default_path() == tmp_path / "mine.db"
-    assert not progress.default_path().is_relative_to(REPO)
+# ----------------------------------------------------------------------------- what the cards say
+
+#: Phrases that only make sense inside the notebook a card was read from.
+NOT_SELF_CONTAINED = re.compile(
+    r"\b(shown above|see above|the (?:\w+ ){1,2}above|above\)|above:|section \d|this section|that section|"
+    r"the first figure|this chapter|the figure|the plot|the check in (?:that|this))\b",
+    re.I,
+)
 
 
-def test_the_daily_limit_counts_new_cards_already_seen_today(tmp_path):
-    store = progress.Store(tmp_path / "s.sqlite3")
-    clock = ch14.Clock()
-    first = drill.Session(DECK[:10], store, clock=clock, new_per_day=3)
-    for _ in range(2):
-        first.rate(first.next(), 4)
-    later = drill.Session(DECK[:10], store, clock=clock.advance(hours=2) and clock, new_per_day=3)
-    assert later.counts == {"due": 0, "new": 1}
+def test_every_card_reads_on_its_own_outside_its_notebook():
+    """A card is reviewed weeks later, in a terminal or in Anki: "shown above" or "section 5" point
+    at nothing there."""
+    found = [
+        (c.id, m.group(0)) for c in DECK for m in NOT_SELF_CONTAINED.finditer("\n".join((c.front, c.back, c.context)))
+    ]
+    assert not found, found
 
 
-# ----------------------------------------------------------------------------- the terminal
+def test_each_mistake_card_names_one_mistake():
+    """A card whose question names one mistake holds one: a second bold mistake is a second card."""
+    several = [(c.id, re.findall(r"\*\*(.+?)\*\*", c.back)) for c in DECK if c.kind == "mistake"]
+    assert not [(cid, bold) for cid, bold in several if len(bold) > 1]
 
 
-def test_course_drill_runs_a_review_in_a_pseudo_terminal(tmp_path):
-    pexpect = pytest.importorskip("pexpect")
-    state = tmp_path / "state.sqlite3"
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "course.kit.cli", "drill", "--state", str(state), "--new", "2", "--chapter", "03"],
-        cwd=str(REPO),
-        encoding="utf-8",
-        timeout=30,
-        dimensions=(40, 120),
-    )
-    try:
-        child.expect(r"0 due, 2 new")
-        child.expect(r"Answer aloud or type notes")
-        child.sendline("claim the key first")
-        child.expect("model answer")
-        child.expect(r"Rate: 1 again \(in 1 minute\)  2 hard .* 3 good \(in 10 minutes\)")
-        child.sendline("7")
-        child.expect("type 1, 2, 3 or 4")
-        child.sendline("3")
-        child.expect(r"next review in 10 minutes")
-        child.expect(r"Answer aloud or type notes")
-        child.sendline("q")
-        child.expect(r"reviewed 1 card")
-        child.expect(pexpect.EOF)
-    finally:
-        child.close()
-    assert child.exitstatus == 0
-    (review,) = progress.Store(state).reviews()
-    assert review["rating"] == 3 and review["answer"] == "claim the key first" and review["chapter"] == "03"
+def test_zadd_throughput_is_stated_in_one_card_and_the_others_point_at_it():
+    stated = [c.id for c in DECK if re.search(r"(ZADD|sorted.set).{0,120}\b(tens|hundreds) of thousands", c.back, re.S)]
+    assert len(stated) <= 1, stated
+    assert not [c.id for c in DECK if "tens of thousands" in c.back and "ZADD" in c.back]
 
 
-# ----------------------------------------------------------------------------- Anki
+def test_fsrs_is_described_as_opt_in_in_anki_where_sm2_is_the_default():
+    pages = [(REPO / "README.md").read_text(), "\n".join(_markdown(NOTEBOOKS["14_interview_drills"]))]
+    for text in pages:
+        assert not re.search(r"replacing SM-2|FSRS is its scheduler|the one Anki uses|Anki adopted", text), text[:80]
+    assert "SM-2" in pages[1] and re.search(r"opt-in|turn(ed)? on", pages[1])
 
 
-def test_the_anki_export_is_a_zip_holding_a_valid_sqlite_with_every_card(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "course.kit.cli", "drill", "--export", str(tmp_path / "d.apkg")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=True,
-    )
-    assert f"wrote {len(DECK)} cards" in out.stdout
-    with zipfile.ZipFile(tmp_path / "d.apkg") as z:
-        assert z.testzip() is None and "collection.anki2" in z.namelist()
-        z.extract("collection.anki2", tmp_path)
-    with sqlite3.connect(tmp_path / "collection.anki2") as col:
-        assert col.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        notes = col.execute("SELECT guid, flds, tags FROM notes").fetchall()
-        cards = col.execute("SELECT count(*) FROM cards").fetchone()[0]
-    assert len(notes) == cards == len(DECK)
-    assert len({g for g, _, _ in notes}) == len(DECK)
-    fields = "\n".join(f for _, f, _ in notes)
-    assert "How do you make a payment endpoint safe to retry?" in fields
-    assert any("ch14" in t.split() and "design" in t.split() for _, _, t in notes)
-    again = drill.export_apkg(DECK, tmp_path / "again.apkg")  # a newer export updates the same notes
-    with zipfile.ZipFile(again) as z:
-        z.extract("collection.anki2", tmp_path / "again")
-    with sqlite3.connect(tmp_path / "again" / "collection.anki2") as col:
-        assert {g for (g,) in col.execute("SELECT guid FROM notes")} == {g for g, _, _ in notes}
+def test_the_cards_agree_with_chapters_12_and_13():
+    """The leaderboard rebuild merges into the live board (chapter 13: a RENAME of an aside copy
+    loses the events recorded meanwhile); links are partitioned by id range if at all (chapter 12:
+    a table partitioned by time cannot hold UNIQUE (code))."""
+    everything = "\n".join(c.back for c in DECK)
+    assert "into a fresh key and swaps it" not in everything
+    assert "partitions by creation time" not in everything
+    assert "ZADD\nGT` while the game keeps writing" in everything
 
 
 # ----------------------------------------------------------------------------- progress
@@ -330,7 +305,7 @@ def test_a_chapter_without_graded_tasks_says_so_in_selfcheck(capsys):
 
 def test_the_widget_reviews_a_card_by_its_buttons(tmp_path):
     store = progress.Store(tmp_path / "s.sqlite3")
-    widget = ch14.DrillWidget([c for c in DECK if c.chapter == "14"], store, clock=ch14.Clock())
+    widget = ch14.DrillWidget([c for c in DECK if c.chapter == "14"], store, clock=ch14.Clock(), fuzz=False)
     assert all(b.disabled for b in widget.buttons) and "new" in widget.header.value
     widget.show.click()
     assert widget.back.value and widget.buttons[2].description == "Good (in 10 minutes)"
@@ -339,4 +314,62 @@ def test_the_widget_reviews_a_card_by_its_buttons(tmp_path):
     (review,) = store.reviews()
     assert review["rating"] == 3
     design = ch14.DrillWidget([c for c in DECK if c.kind == "design"], store, clock=ch14.Clock())
-    assert design.timer.playing and design.notes.layout.display == "none"
+    assert "course-drill-elapsed" in design.timer.value and design.notes.layout.display == "none"
+
+
+def test_the_widgets_counter_counts_and_a_design_prompt_rated_hard_is_not_served_again(tmp_path):
+    store = progress.Store(tmp_path / "s.sqlite3")
+    clock = ch14.Clock()
+    design = [c for c in DECK if c.kind == "design"][:2]
+    widget = ch14.DrillWidget(design, store, clock=clock, new_per_day=2, fuzz=False)
+    assert "2 new · 0 learning · 0 review left" in widget.header.value
+    first = widget.current
+    widget.show.click()
+    widget.buttons[1].click()  # Hard
+    assert widget.current is not first and "1 new · 0 learning · 0 review left" in widget.header.value
+    clock.advance(minutes=36)
+    widget.show.click()
+    assert "time: 36 of 35 minutes" in widget.back.value  # measured by the kernel, from when it was shown
+    widget.buttons[2].click()
+    assert widget.current is None and "Done for now" in widget.header.value
+
+
+def test_the_design_timer_is_drawn_by_the_browser_and_counts_whole_minutes():
+    html_ = ch14.timer_html(35, token="t1")
+    assert "<script" not in html_ and "2100s" in html_ and "steps(35" in html_
+    assert 'content: counter(minutes) " of 35 minutes"' in html_
+
+
+def test_the_history_keeps_days_without_reviews(tmp_path):
+    store = progress.Store(tmp_path / "s.sqlite3")
+    clock = ch14.Clock()
+    card = DECK[0]
+    drill.Session([card], store, clock=clock, day=ch14.DEMO_DAY, fuzz=False).rate(card, 4)
+    clock.advance(days=4)
+    drill.Session([card], store, clock=clock, day=ch14.DEMO_DAY, fuzz=False).rate(card, 3)
+    rows = ch14.history(store, ch14.DEMO_DAY)
+    assert [r["new"] + r["review"] + r["learning"] for r in rows] == [1, 0, 0, 0, 1]
+
+
+def test_your_reviews_plot_redraws_when_the_session_runs_out_of_cards(tmp_path):
+    store = progress.Store(tmp_path / "s.sqlite3")
+    view = ch14.HistoryView(store)
+    widget = ch14.DrillWidget(DECK[:1], store, clock=ch14.Clock(), fuzz=False)
+    redrawn = []
+    view.redraw = lambda: redrawn.append(len(store.reviews()))  # outside a kernel an Output records nothing
+    view.watch(widget)
+    widget.show.click()
+    widget.buttons[3].click()  # Easy: days away, nothing left in this session
+    assert redrawn == [1]
+
+
+def test_the_design_practice_widget_has_its_own_new_card_allowance(tmp_path):
+    store = progress.Store(tmp_path / "s.sqlite3")
+    clock = ch14.Clock()
+    session = drill.Session([c for c in DECK if c.kind == "drill"][:3], store, clock=clock, new_per_day=3)
+    while session.new:
+        session.rate(session.new[0], 4)
+    design = [c for c in DECK if c.kind == "design"]
+    assert ch14.DrillWidget(design, store, clock=clock, new_per_day=3).current is None  # the day's 3 are used
+    practice = ch14.DrillWidget(design, store, clock=clock, new_per_day=1, new_limit_per="deck")
+    assert practice.current is not None and practice.current.kind == "design"

@@ -12,10 +12,12 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from course.drill import DESIGN_MINUTES, DESIGN_STEPS, KIND_NAMES, PROMPTS, Card, Session
-from course.progress import Store
+from course.drill import DESIGN_MINUTES, DESIGN_STEPS, KIND_NAMES, PROMPTS, Card, Session, when
+from course.progress import LearnerDay, Store, due_day
 
 RATINGS = [(1, "Again"), (2, "Hard"), (3, "Good"), (4, "Easy")]
+#: The calendar of the demos: UTC, Anki's 4 am rollover (a learner's own sessions use local time).
+DEMO_DAY = LearnerDay(tz=UTC)
 
 
 class Clock:
@@ -62,24 +64,30 @@ def simulate_month(
     new_per_day: int = 10,
     seed: int = 14,
     slip: float = 0.0,
+    start: datetime | None = None,
 ) -> dict:
-    """A simulated learner drills every morning for ``days`` days, through the real :class:`Session`.
+    """A simulated learner drills every morning at 08:00 for ``days`` days, through the real
+    :class:`Session` (demo calendar, fuzz off, so a run is reproducible).
 
-    The learner's memory is FSRS's own forgetting curve (recall with the probability the
-    scheduler predicts, plus ``slip``: a chance of forgetting anyway); recalled cards are
-    rated Good (Hard or Easy one time in ten each), forgotten ones Again. Returns per-day counts."""
+    The learner's memory *is* FSRS's forgetting curve (recall with the probability the scheduler
+    predicts, minus ``slip``): recall near 90% is what FSRS promises by construction when a review
+    comes on its day. What the run measures is the session: how late reviews come (in the learner's
+    days), the recall that follows, and the load. Recalled cards are rated Good (Hard or Easy one
+    time in ten each), forgotten ones Again. Returns per-day counts and the lateness of each review."""
     rng = random.Random(seed)
-    clock = Clock()
-    per_day = []
+    clock = Clock(start)
+    per_day, late = [], []
     for day in range(days):
-        session = Session(deck, store, clock=clock, new_per_day=new_per_day)
+        session = Session(deck, store, clock=clock, new_per_day=new_per_day, day=DEMO_DAY, fuzz=False)
         stats = Counter(due=session.counts["due"], new=session.counts["new"])
         while (card := session.next()) is not None:
             state = session.states.get(card.id)
-            recall = session.scheduler.get_card_retrievability(state, clock()) if state else 0.0
             if state is None:  # a new card: the learner knows about half of them already
                 remembered = rng.random() < 0.5
             else:
+                if (on := due_day(_as_dict(state), DEMO_DAY)) is not None:
+                    late.append((DEMO_DAY.of(clock()) - on).days)
+                recall = session.scheduler.get_card_retrievability(session._on_days(state, clock()), clock())
                 remembered = rng.random() < recall * (1 - slip)
             rating = rng.choice([2, 3, 3, 3, 3, 3, 3, 3, 3, 4]) if remembered else 1
             session.rate(card, rating)
@@ -87,46 +95,56 @@ def simulate_month(
             stats["reviews"] += 1
         per_day.append(dict(stats, day=day))
         clock.now = clock.now.replace(hour=8, minute=0) + timedelta(days=1)
-    return {"days": per_day, "end": clock()}
+    return {"days": per_day, "end": clock(), "lateness": late}
 
 
-def history(store: Store) -> dict:
-    """Per calendar day of ``store``'s reviews: new, review, relearn counts; recalled share of
-    reviews of cards already learned (observed retention) and the mean predicted recall."""
+def _as_dict(state) -> dict:
+    return {"due": state.due.isoformat(), "last_review": state.last_review and state.last_review.isoformat()}
+
+
+def history(store: Store, day: LearnerDay | None = None) -> list[dict]:
+    """Per learner's day from the first review to the last, days without reviews included: new,
+    learning and review counts; the recalled share of reviews of cards already learned (observed
+    retention) and the mean recall FSRS predicted for them."""
+    day = day or LearnerDay()
     days: dict = defaultdict(Counter)
     predicted: dict = defaultdict(list)
     for r in store.reviews():
-        day = r["reviewed_at"].date()
+        on = day.of(r["reviewed_at"])
         if r["state_before"] is None:
-            days[day]["new"] += 1
+            days[on]["new"] += 1
         elif r["state_before"] == 2:  # fsrs.State.Review: a card that had been learned
-            days[day]["review"] += 1
-            days[day]["recalled"] += r["rating"] > 1
+            days[on]["review"] += 1
+            days[on]["recalled"] += r["rating"] > 1
             if r["recall_p"] is not None:
-                predicted[day].append(r["recall_p"])
+                predicted[on].append(r["recall_p"])
         else:
-            days[day]["learning"] += 1
+            days[on]["learning"] += 1
+    if not days:
+        return []
+    first, last = min(days), max(days)
     out = []
-    for day in sorted(days):
-        c = days[day]
+    for i in range((last - first).days + 1):
+        on = first + timedelta(days=i)
+        c = days.get(on, Counter())
         out.append(
             {
-                "day": day,
+                "day": on,
                 "new": c["new"],
                 "review": c["review"],
                 "learning": c["learning"],
                 "retention": c["recalled"] / c["review"] if c["review"] else None,
-                "predicted": sum(predicted[day]) / len(predicted[day]) if predicted[day] else None,
+                "predicted": sum(predicted[on]) / len(predicted[on]) if predicted[on] else None,
             }
         )
     return out
 
 
-def plot_history(store: Store, *, title: str = "your reviews"):
+def plot_history(store: Store, *, title: str = "your reviews", day: LearnerDay | None = None):
     """Reviews per day (stacked: new, learning, review) and retention (observed and predicted)."""
     from course.kit import plotting
 
-    rows = history(store)
+    rows = history(store, day)
     fig, ax = plotting.figure(9, 3.2)
     if not rows:
         ax.text(
@@ -149,7 +167,7 @@ def plot_history(store: Store, *, title: str = "your reviews"):
         values = [r[key] for r in rows]
         ax.bar(x, values, bottom=bottom, color=color, label=f"{key} cards")
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_xlabel(f"day ({rows[0]['day']} to {rows[-1]['day']})")
+    ax.set_xlabel(f"day ({rows[0]['day']} to {rows[-1]['day']}, days without reviews included)")
     ax.set_ylabel("reviews")
     ax.set_title(title)
     right = ax.twinx()
@@ -175,6 +193,39 @@ def plot_history(store: Store, *, title: str = "your reviews"):
     return fig
 
 
+class HistoryView:
+    """The history plot in an output area, with a Redraw button; a :class:`DrillWidget` given to
+    it (``watch``) redraws it when its session runs out of cards."""
+
+    def __init__(self, store: Store, *, title: str = "your reviews (this state file)") -> None:
+        import ipywidgets as w
+
+        self.store, self.title = store, title
+        self.out = w.Output()
+        self.button = w.Button(description="Redraw", tooltip="draw the plot again from the state file")
+        self.button.on_click(lambda _b: self.redraw())
+        self.box = w.VBox([self.button, self.out])
+        self.redraw()
+
+    def redraw(self) -> None:
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+
+        fig = plot_history(self.store, title=self.title)
+        with self.out:
+            self.out.clear_output(wait=True)
+            display(fig)
+        plt.close(fig)
+
+    def watch(self, widget: DrillWidget) -> None:
+        widget.on_done.append(self.redraw)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.box)
+
+
 # ----------------------------------------------------------------------------- the widget
 
 
@@ -184,13 +235,39 @@ def _html(markdown: str) -> str:
     return mistune.html(markdown)
 
 
+def timer_html(minutes: int = DESIGN_MINUTES, *, token: str = "") -> str:
+    """A timer drawn by the browser alone (CSS animations: no kernel message while it runs, so the
+    kernel's own output, plots included, is never disturbed). It starts when it is shown and counts
+    whole minutes: "12 of 35 minutes", over a bar that fills. ``token`` makes each card's timer a new
+    element, so it starts again from zero."""
+    seconds = minutes * 60
+    return f"""<div class="course-drill-timer" data-card="{token}">
+<style>
+@property --course-drill-minutes {{ syntax: '<integer>'; inherits: false; initial-value: 0; }}
+@keyframes course-drill-count {{
+  from {{ --course-drill-minutes: 0; }} to {{ --course-drill-minutes: {minutes}; }} }}
+@keyframes course-drill-fill {{ from {{ width: 0%; }} to {{ width: 100%; }} }}
+.course-drill-timer .course-drill-elapsed {{
+  animation: course-drill-count {seconds}s steps({minutes}, end) forwards;
+  counter-reset: minutes var(--course-drill-minutes); font-variant-numeric: tabular-nums; }}
+.course-drill-timer .course-drill-elapsed::before {{ content: counter(minutes) " of {minutes} minutes"; }}
+.course-drill-timer .course-drill-track {{ width: 20em; height: .5em; background: #ecf0f1; }}
+.course-drill-timer .course-drill-bar {{ height: 100%; background: #2980b9;
+  animation: course-drill-fill {seconds}s linear forwards; }}
+</style>
+<span class="course-drill-elapsed"></span> (timer started when this prompt was shown)
+<div class="course-drill-track"><div class="course-drill-bar"></div></div>
+</div>"""
+
+
 class DrillWidget:
     """A review session in JupyterLab: the question (and its snippet or prompt), a box for your
     answer, "Show answer", then Again / Hard / Good / Easy, each labelled with when the card
     would come back. Tab moves between the controls; Enter or Space presses a button.
 
-    A design prompt also shows a 35-minute timer (run by the browser, so the kernel stays free)
-    and one box per step of the structure."""
+    A design prompt also shows a 35-minute timer (drawn by the browser, so the kernel stays free)
+    and one box per step of the structure. The header counts what is left, as Anki does: new
+    cards, cards in a learning step, cards due today."""
 
     def __init__(
         self,
@@ -199,11 +276,19 @@ class DrillWidget:
         *,
         clock: Callable[[], datetime] | None = None,
         new_per_day: int = 20,
+        day: LearnerDay | None = None,
+        fuzz: bool = True,
+        new_limit_per: str = "course",
     ) -> None:
         import ipywidgets as w
 
         kwargs = {"clock": clock} if clock else {}
-        self.session = Session(deck, store, new_per_day=new_per_day, **kwargs)
+        self.session = Session(
+            deck, store, new_per_day=new_per_day, day=day, fuzz=fuzz, new_limit_per=new_limit_per, **kwargs
+        )
+        self.current: Card | None = None
+        self.shown_at: datetime | None = None
+        self.on_done: list[Callable[[], None]] = []
         self.header = w.HTML()
         self.front = w.HTML()
         self.notes = w.Textarea(
@@ -213,14 +298,9 @@ class DrillWidget:
         self.steps = {
             s: w.Textarea(placeholder=s, layout=w.Layout(width="95%", height="48px")) for s in DESIGN_STEPS
         }
-        self.timer = w.Play(value=0, min=0, max=DESIGN_MINUTES * 60, interval=1000, show_repeat=False)
-        self.elapsed = w.IntProgress(value=0, min=0, max=DESIGN_MINUTES * 60, description="35 min")
-        w.jslink((self.timer, "value"), (self.elapsed, "value"))
+        self.timer = w.HTML()
         self.design = w.VBox(
-            [
-                w.HBox([self.timer, self.elapsed]),
-                *[w.VBox([w.HTML(f"<b>{s}</b>"), t]) for s, t in self.steps.items()],
-            ]
+            [self.timer, *[w.VBox([w.HTML(f"<b>{s}</b>"), t]) for s, t in self.steps.items()]]
         )
         self.show = w.Button(description="Show answer", button_style="info", tooltip="open the model answer")
         self.show.on_click(self._show)
@@ -232,6 +312,10 @@ class DrillWidget:
             )
             b.on_click(lambda _b, value=value: self._rate(value))
             self.buttons.append(b)
+        self.undo_button = w.Button(
+            description="Undo", tooltip="take back the last rating", layout=w.Layout(width="auto")
+        )
+        self.undo_button.on_click(self._undo)
         self.status = w.HTML()
         self.box = w.VBox(
             [
@@ -241,7 +325,7 @@ class DrillWidget:
                 self.design,
                 self.show,
                 self.back,
-                w.HBox(self.buttons),
+                w.HBox([*self.buttons, self.undo_button]),
                 self.status,
             ]
         )
@@ -253,22 +337,36 @@ class DrillWidget:
 
         display(self.box)
 
+    def left(self) -> str:
+        left = self.session.left()
+        return f"{left['new']} new · {left['learning']} learning · {left['review']} review left"
+
     def _load(self) -> None:
-        card = self.session.next()
+        card = self.current = self.session.next()
         self.back.value = ""
         for b in self.buttons:
             b.disabled = True
         if card is None:
-            self.header.value = f"<b>Done for now</b>: {self.session.done} reviewed."
-            self.front.value = "Nothing else is due; new cards wait for tomorrow's limit."
+            later = self.session.later()
+            back = (
+                f" Cards in a learning step come back {when(later, self.session.clock())}." if later else ""
+            )
+            self.header.value = (
+                f"<b>Done for now</b>: {self.session.done} reviewed. "
+                f"<span class='course-drill-left'>{self.left()}</span>"
+            )
+            self.front.value = f"Nothing else is due; new cards wait for tomorrow's limit.{back}"
+            self.timer.value = ""
             for part in (self.notes, self.design, self.show):
                 part.layout.display = "none"
+            for callback in self.on_done:
+                callback()
             return
-        left = len(self.session.queue)
+        self.shown_at = self.session.clock()
         self.header.value = (
             f"<span class='course-drill-where'>chapter {card.chapter} {card.chapter_title} | "
-            f"{KIND_NAMES[card.kind]} | {'new' if self.session.is_new(card) else 'due'} | "
-            f"{left} left</span>"
+            f"{KIND_NAMES[card.kind]} | {'new' if self.session.is_new(card) else 'due'}</span> | "
+            f"<span class='course-drill-left'>{self.left()}</span>"
         )
         self.front.value = (
             f"<i>{PROMPTS[card.kind]}</i>" + _html(card.front) + (_html(card.context) if card.context else "")
@@ -279,25 +377,29 @@ class DrillWidget:
         self.design.layout.display = None if design else "none"
         for t in self.steps.values():
             t.value = ""
-        self.timer.value = 0
-        self.timer.playing = design
+        self.timer.value = timer_html(token=f"{card.id}-{self.session.done}") if design else ""
         self.show.layout.display = None
         self.show.disabled = False
 
     def _show(self, _button=None) -> None:
-        card = self.session.next()
+        card = self.current
         if card is None:
             return
-        self.timer.playing = False
-        took = (
-            f"<p>time: {self.timer.value // 60} of {DESIGN_MINUTES} minutes</p>"
-            if card.kind == "design"
+        took = ""
+        if card.kind == "design":
+            minutes = (self.session.clock() - self.shown_at).total_seconds() / 60
+            took = f"<p>time: {minutes:.0f} of {DESIGN_MINUTES} minutes</p>"
+            self.timer.value = ""  # the timer stops with the answer
+        links = "".join(f"<li><a href='{url}' target='_blank'>{title}</a></li>" for title, url in card.links)
+        notes = self.session.store.last_notes(card.id)
+        last = (
+            f"<p><b>Your notes from {notes[0].astimezone():%Y-%m-%d}</b></p>{_html(notes[1])}"
+            if notes
             else ""
         )
-        links = "".join(f"<li><a href='{url}' target='_blank'>{title}</a></li>" for title, url in card.links)
         self.back.value = (
             f"<div class='course-drill-answer'><hr>{took}{_html(card.back)}"
-            f"<p><small>{card.source}</small></p>{'<ul>' + links + '</ul>' if links else ''}</div>"
+            f"<p><small>{card.source}</small></p>{'<ul>' + links + '</ul>' if links else ''}{last}</div>"
         )
         preview = self.session.preview(card)
         for b, (value, name) in zip(self.buttons, RATINGS, strict=True):
@@ -306,7 +408,7 @@ class DrillWidget:
         self.show.disabled = True
 
     def _rate(self, value: int) -> None:
-        card = self.session.next()
+        card = self.current
         if card is None:
             return
         notes = (
@@ -314,12 +416,25 @@ class DrillWidget:
             if card.kind != "design"
             else "\n".join(f"{s}: {t.value}" for s, t in self.steps.items() if t.value)
         )
-        due = self.session.rate(card, value, answer=notes)
-        from course.drill import when
-
+        seconds = (self.session.clock() - self.shown_at).total_seconds() if self.shown_at else None
+        due = self.session.rate(card, value, answer=notes, seconds=seconds)
         name = dict(RATINGS)[value]
+        leech = (
+            " It is a leech (forgotten 8 times): suspended; rewrite your notes for it."
+            if card.id in self.session.leeches
+            else ""
+        )
         self.status.value = (
             f"<span class='course-drill-status'>{name}: next review "
-            f"{when(due, self.session.clock())} ({due:%Y-%m-%d %H:%M} UTC)</span>"
+            f"{when(due, self.session.clock())} ({due.astimezone():%Y-%m-%d %H:%M} your time).{leech}</span>"
+        )
+        self._load()
+
+    def _undo(self, _button=None) -> None:
+        card = self.session.undo()
+        self.status.value = (
+            f"<span class='course-drill-status'>took back the rating of: {card.front}</span>"
+            if card
+            else "<span class='course-drill-status'>nothing to undo</span>"
         )
         self._load()
