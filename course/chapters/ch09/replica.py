@@ -101,6 +101,7 @@ def why_not(database_url: str) -> str | None:
 
 
 SLOT_PREFIX = "ch09_standby_"
+SLOT_LOCK = 9_000_901  # the advisory lock a start holds while it cleans up and creates its slot
 
 
 def _drop_orphan_slots(conn) -> None:
@@ -113,18 +114,35 @@ def _drop_orphan_slots(conn) -> None:
 
     backends.reap_orphans()
     rows = conn.execute(
-        "SELECT slot_name, active_pid FROM pg_replication_slots WHERE slot_name LIKE %s", (SLOT_PREFIX + "%",)
+        "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s", (SLOT_PREFIX + "%",)
     ).fetchall()
-    for slot, active_pid in rows:
+    for (slot,) in rows:
         pid = slot.removeprefix(SLOT_PREFIX).split("_")[0]
         if pid.isdigit() and procs.alive(int(pid)):
             continue
-        try:
-            if active_pid is not None:
-                conn.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        except psycopg.Error:
-            pass  # another kernel dropped it first, or its standby reattached: the next start tries again
+        _end_slot(conn, slot)
+
+
+def _end_slot(conn, slot: str) -> None:
+    """End the walsender streaming from ``slot`` (if one does), then drop the slot (best effort).
+
+    The slot's ``active_pid`` is read in the statement that ends it, and only a walsender's is:
+    while a slot is being created or dropped, ``active_pid`` is the backend doing it, an ordinary
+    connection (ending that one is how two replicas started at once once broke each other).
+    """
+    try:
+        conn.execute(
+            "SELECT pg_terminate_backend(s.active_pid) FROM pg_replication_slots s "
+            "JOIN pg_stat_activity a ON a.pid = s.active_pid "
+            "WHERE s.slot_name = %s AND a.backend_type = 'walsender'",
+            (slot,),
+        )
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        )
+    except psycopg.Error:
+        pass  # another kernel dropped it first, or its standby reattached: the next start tries again
 
 
 def _start(name: str, database_url: str, delay_ms: int) -> Replica:
@@ -132,16 +150,17 @@ def _start(name: str, database_url: str, delay_ms: int) -> Replica:
     slot = f"{SLOT_PREFIX}{os.getpid()}_{name}"
     with psycopg.connect(database_url, autocommit=True) as conn:
         major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000
-        _drop_orphan_slots(conn)
-        for (active_pid,) in conn.execute(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-        ).fetchall():  # this kernel's own slot from an earlier start
-            if active_pid is not None:
-                conn.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        conn.execute(
-            "SELECT pg_create_physical_replication_slot(%s, true)", (slot,)
-        )  # reserves WAL from now on
+        # one start at a time, across this kernel's threads and other kernels: the cleanup of one
+        # never meets the slot another is creating or dropping
+        conn.execute("SELECT pg_advisory_lock(%s)", (SLOT_LOCK,))
+        try:
+            _drop_orphan_slots(conn)
+            _end_slot(conn, slot)  # this kernel's own slot from an earlier start
+            conn.execute(
+                "SELECT pg_create_physical_replication_slot(%s, true)", (slot,)
+            )  # keeps WAL from now on
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (SLOT_LOCK,))
     bin_dir = _bin_dir(major)
     run = backends.new_run_dir(f"ch09-{name}-")  # watched: stopped if this process dies
     os.chmod(run, 0o711)
