@@ -129,6 +129,16 @@ def test_09_snowflake_never_goes_back_and_refuses_a_big_step():
         gen.next_id()
 
 
+def test_09_snowflake_shared_by_threads_never_issues_one_id_twice():
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = ids.Snowflake(5)
+    with ThreadPoolExecutor(8) as pool:
+        batches = list(pool.map(lambda _: [gen.next_id() for _ in range(3_000)], range(8)))
+    made = [i for batch in batches for i in batch]
+    assert len(set(made)) == len(made) == 24_000
+
+
 def test_09_uuid7_time_reads_the_timestamp():
     import uuid6
 

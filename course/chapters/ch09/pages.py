@@ -219,7 +219,7 @@ async def mixed_seek_costs(pool, rows: int, at: int, limit: int = 20) -> dict:
             out[name] = min([await explain(pool, query, params) for _ in range(3)], key=lambda r: r["ms"])
             got[name] = await (await conn.execute(query, params)).fetchall()
         cur = await conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, SUMMARY OFF) " + queries["bounded"][0],
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) " + queries["bounded"][0],
             queries["bounded"][1],
         )
         out["plan"] = [row[0] for row in await cur.fetchall()]

