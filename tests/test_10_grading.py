@@ -730,6 +730,17 @@ WRONG_TRANSFER = {
     ),
 }
 
+# amounts taken for major units and converted to cents: 250 becomes 25,000, more than account 1 holds
+WRONG_TRANSFER["major_units"] = (
+    TRANSFER_ID_ORDER.replace(
+        """    h = request_hash({"from": from_id, "to": to_id, "amount": amount})""",
+        """    h = request_hash({"from": from_id, "to": to_id, "amount": amount})
+    amount = amount * 100  # euros to cents""",
+    ),
+    "convert nothing",
+)
+assert WRONG_TRANSFER["major_units"][0] != TRANSFER_ID_ORDER
+
 # the key claimed by a plain INSERT in a savepoint: a repeat's UniqueViolation (raised once the first
 # transfer commits) rolls the savepoint back, and the stored transfer answers
 TRANSFER_UNIQUE_VIOLATION = TRANSFER_ID_ORDER.replace(
