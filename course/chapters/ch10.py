@@ -8,12 +8,16 @@ module holds what exists to show them:
   every one of them waits on a PostgreSQL lock (the chapter's checks use it too), so a
   read-then-write loses every time, not by luck;
 - the buyers compared in the oversell table (:data:`BUYERS`): read-then-write, conditional
-  update, ``SELECT ... FOR UPDATE`` and SERIALIZABLE with retries, and :func:`oversell`;
+  update, ``SELECT ... FOR UPDATE``, REPEATABLE READ and SERIALIZABLE with bounded retries, and
+  :func:`oversell`;
 - :func:`serializable_load`: N workers buying at once under SERIALIZABLE, aborts counted;
 - :func:`deadlock_demo`: two transfers that lock two accounts in opposite order, step by step;
 - :func:`hot_row_load`: purchases per second on one stock row against stock in buckets;
 - :func:`gate_demo`: the Redis ``DECR`` gate in front of PostgreSQL, a crash between the two,
   and the reconciliation;
+- :class:`CardProvider`: a stand-in payment provider (a decline, a charge whose answer is lost,
+  a buyer who dies) that the reaper can ask what it charged;
+- :func:`bookings_demo`: time slots guarded by an exclusion constraint;
 - the plots of all of these.
 """
 
