@@ -256,3 +256,9 @@ def test_opposite_lock_order_deadlocks_and_id_order_does_not(ns):
     crossed, ordered = run(ns, go)
     assert any("40P01" in line for line in crossed)
     assert not any("40P01" in line for line in ordered) and "no deadlock" in ordered[-1]
+
+
+def test_an_exclusion_constraint_books_one_of_six_overlapping_slots_and_a_back_to_back_one(ns):
+    got = run(ns, lambda pool: ch10.bookings_demo(pool, guests=6))
+    assert got["crowd"].count("booked") == 1 and got["crowd"].count("refused (23P01)") == 5
+    assert got["back_to_back"] == got["other_room"] == "booked"

@@ -513,29 +513,38 @@ async def bookings_demo(pool, guests: int = 6) -> dict:
 
     The exclusion constraint lets one overlapping booking commit and refuses the rest with
     ``23P01 exclusion_violation``, however the inserts interleave: a waiting insert checks the
-    winner's row once the winner commits.
+    winner's row once the winner commits. Two inserts that each wrote their row before checking
+    wait for each other, and PostgreSQL breaks that with ``40P01`` (counted in ``"deadlocks"``);
+    the retry then meets the winner's committed row and gets ``23P01``.
     """
     async with pool.connection() as conn:
         await conn.execute(BOOKINGS)
         await conn.execute("TRUNCATE ch10_bookings")
+    deadlocks = 0
 
     async def book(room: int, guest: str, start: int, end: int) -> str:
-        try:
-            async with pool.connection() as conn:
-                await conn.execute(
-                    "INSERT INTO ch10_bookings (room, guest, during) VALUES "
-                    "(%s, %s, tstzrange('2026-03-01'::timestamptz + make_interval(hours => %s), "
-                    "'2026-03-01'::timestamptz + make_interval(hours => %s)))",
-                    (room, guest, start, end),
-                )
-            return "booked"
-        except psycopg.errors.ExclusionViolation:
-            return "refused (23P01)"
+        nonlocal deadlocks
+        for _ in range(5):
+            try:
+                async with pool.connection() as conn:
+                    await conn.execute(
+                        "INSERT INTO ch10_bookings (room, guest, during) VALUES "
+                        "(%s, %s, tstzrange('2026-03-01'::timestamptz + make_interval(hours => %s), "
+                        "'2026-03-01'::timestamptz + make_interval(hours => %s)))",
+                        (room, guest, start, end),
+                    )
+                return "booked"
+            except psycopg.errors.ExclusionViolation:
+                return "refused (23P01)"
+            except psycopg.errors.DeadlockDetected:  # both checked each other's row: one is aborted, retry it
+                deadlocks += 1
+                await asyncio.sleep(RETRY_BACKOFF.delay(0))
+        return "gave up (40P01 five times)"
 
     crowd = await asyncio.gather(*(book(7, f"guest-{i}", 10 + i % 2, 12 + i % 2) for i in range(guests)))
     after = await book(7, "late", 13, 14)  # starts when the 11-13 or 10-12 slot ends or later: no overlap
     other = await book(8, "elsewhere", 10, 12)
-    return {"crowd": crowd, "back_to_back": after, "other_room": other}
+    return {"crowd": crowd, "back_to_back": after, "other_room": other, "deadlocks": deadlocks}
 
 
 # ----------------------------------------------------------------------------- the Redis gate
