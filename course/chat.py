@@ -12,6 +12,8 @@ taken with ``UPDATE ... RETURNING`` in the transaction that inserts the message,
   ``seq`` 5 before 4 exists (a sequence or a Redis ``INCR`` would allow it).
 
 Clients remember the last ``seq`` per conversation; one that sees 41 and then 43 fetches 42.
+A client sends its own id with each message (``client_msg_id``), so a send it retries after a
+lost acknowledgement gets the first one's number back instead of storing the message twice.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ CREATE TABLE IF NOT EXISTS chat_messages (
     sent_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (conversation_id, seq)
 );
+-- the id the client made for the message: a send retried after a lost acknowledgement finds it
+ALTER TABLE chat_messages ADD COLUMN IF NOT EXISTS client_msg_id text;
+CREATE UNIQUE INDEX IF NOT EXISTS chat_messages_client_msg_id
+    ON chat_messages (conversation_id, client_msg_id) WHERE client_msg_id IS NOT NULL;
 """
 
 
@@ -39,19 +45,43 @@ async def setup_schema(pool) -> None:
         await conn.execute(SCHEMA)
 
 
-async def send_message(pool, conversation_id: str, sender: str, body: str) -> int:
-    """Store a message with its conversation's next sequence number; return that number."""
-    async with pool.connection() as conn, conn.transaction():
-        cur = await conn.execute(
-            "INSERT INTO chat_conversations AS c (id, last_seq) VALUES (%s, 1) "
-            "ON CONFLICT (id) DO UPDATE SET last_seq = c.last_seq + 1 RETURNING last_seq",
-            (conversation_id,),
-        )
-        (seq,) = await cur.fetchone()
-        await conn.execute(
-            "INSERT INTO chat_messages (conversation_id, seq, sender, body) VALUES (%s, %s, %s, %s)",
-            (conversation_id, seq, sender, body),
-        )
+class _Repeat(Exception):
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+
+
+async def send_message(
+    pool, conversation_id: str, sender: str, body: str, *, client_msg_id: str | None = None
+) -> int:
+    """Store a message with its conversation's next sequence number; return that number.
+
+    ``client_msg_id`` is the id the client made for this message: a send retried after its
+    acknowledgement was lost returns the stored message's number instead of storing a copy.
+    The lookup runs after the counter row is locked, so a concurrent retry waits for the first.
+    """
+    try:
+        async with pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO chat_conversations AS c (id, last_seq) VALUES (%s, 1) "
+                "ON CONFLICT (id) DO UPDATE SET last_seq = c.last_seq + 1 RETURNING last_seq",
+                (conversation_id,),
+            )
+            (seq,) = await cur.fetchone()
+            if client_msg_id is not None:
+                cur = await conn.execute(
+                    "SELECT seq FROM chat_messages WHERE conversation_id = %s AND client_msg_id = %s",
+                    (conversation_id, client_msg_id),
+                )
+                stored = await cur.fetchone()
+                if stored is not None:
+                    raise _Repeat(stored[0])  # rolls the counter back: the retry uses up no number
+            await conn.execute(
+                "INSERT INTO chat_messages (conversation_id, seq, sender, body, client_msg_id) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                (conversation_id, seq, sender, body, client_msg_id),
+            )
+    except _Repeat as repeat:
+        return repeat.seq
     return seq
 
 

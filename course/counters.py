@@ -4,10 +4,17 @@
 on one row lock, with a WAL record and a dead tuple each. A :class:`BatchedCounter` adds
 views up in the process and writes the deltas every ``max_views`` views (and whenever its
 owner's ticker calls :meth:`BatchedCounter.flush`), in **one** statement: an additive
-upsert, so two replicas flushing the same item both count. A flush that fails puts its
-deltas back, so the next flush writes them; :meth:`BatchedCounter.close` (graceful
-shutdown: SIGTERM, the event loop's end) flushes what is left. A crash (SIGKILL) loses at
-most the unflushed buffer.
+upsert, so two replicas flushing the same item both count. The statement takes the items'
+row locks in item order (``ORDER BY item_id``), so two replicas flushing {a, b} and {b, a}
+queue instead of deadlocking. A flush that fails puts its deltas back, so the next flush
+writes them; :meth:`BatchedCounter.close` (graceful shutdown: SIGTERM, the event loop's end)
+flushes what is left. A crash (SIGKILL) loses at most the unflushed buffer.
+
+"Fails" includes one case the counter cannot tell apart: the commit succeeded and its reply
+was lost (a dropped connection). Putting that batch back counts it twice. :class:`DedupedCounter`
+closes the gap: each batch gets a flush id, recorded in ``view_count_flushes`` in the same
+transaction as its deltas, and a batch that failed is retried as it was, under the same id;
+the retry of a batch that had committed finds its id and adds nothing.
 
 Also here: totals merged with ``GREATEST`` (safe to repeat, never moves a total back) and a
 hot counter split into shard rows that a read adds up.
@@ -26,6 +33,11 @@ CREATE TABLE IF NOT EXISTS view_counts (
     item_id text PRIMARY KEY,
     views   bigint NOT NULL DEFAULT 0
 );
+-- the flushes already applied, by id: a retried batch whose first commit got through adds nothing
+CREATE TABLE IF NOT EXISTS view_count_flushes (
+    flush_id   text PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
 -- a hot item's count split over several rows: writers pick one, a read adds them up
 CREATE TABLE IF NOT EXISTS view_count_shards (
     item_id text NOT NULL,
@@ -35,10 +47,12 @@ CREATE TABLE IF NOT EXISTS view_count_shards (
 );
 """
 
-#: One statement for the whole batch: the deltas arrive as two arrays.
+#: One statement for the whole batch: the deltas arrive as two arrays. ``ORDER BY`` takes the
+#: rows' locks in item order, whatever order the views arrived in: two flushes of the same items
+#: then wait for each other in one direction, never in a cycle.
 ADD_DELTAS = """
 INSERT INTO view_counts AS c (item_id, views)
-SELECT * FROM unnest(%s::text[], %s::bigint[])
+SELECT d.item_id, d.views FROM unnest(%s::text[], %s::bigint[]) AS d (item_id, views) ORDER BY d.item_id
 ON CONFLICT (item_id) DO UPDATE SET views = c.views + EXCLUDED.views
 """
 
@@ -73,7 +87,9 @@ class BatchedCounter:
     ``await view(item)`` counts one view and flushes when ``max_views`` are buffered;
     the owner's ticker calls ``await flush()`` every N ms; ``await close()`` flushes on
     shutdown. Views that arrive while a flush is writing go into a new buffer, and a
-    failed flush merges its deltas back, so nothing is lost and nothing counted twice.
+    failed flush merges its deltas back, so nothing is lost. Nothing is counted twice either,
+    except when a flush's commit succeeded and its reply was lost: that batch goes back too,
+    and is added again (:class:`DedupedCounter` is the fix).
     """
 
     def __init__(self, pool, *, max_views: int = 100) -> None:
@@ -96,12 +112,57 @@ class BatchedCounter:
         self.pending -= sum(batch.values())
         try:
             async with self.pool.connection() as conn:
-                await conn.execute(ADD_DELTAS, (list(batch), list(batch.values())))
+                await conn.execute(ADD_DELTAS, _arrays(batch))
         except BaseException:
             self.buffer.update(batch)  # one statement: all of it failed, so all of it goes back
             self.pending += sum(batch.values())
             raise
         self.flushes += 1
+
+    async def close(self) -> None:
+        await self.flush()
+
+
+def _arrays(batch: Counter) -> tuple[list[str], list[int]]:
+    items = sorted(batch)  # item order here too: the statement's ORDER BY makes it the lock order
+    return items, [batch[i] for i in items]
+
+
+class DedupedCounter(BatchedCounter):
+    """A :class:`BatchedCounter` whose retried flush never counts a batch twice.
+
+    Each batch is sealed with an id (``source``, unique per process, and a sequence number) and
+    written in one transaction with a row in ``view_count_flushes``. A flush that raised keeps
+    its batch sealed, and the next flush sends that same batch, under the same id, before the
+    new views: when the first attempt had committed (its reply was lost), the id is found and
+    nothing is added. Old ids can be deleted once no retry can come (a day, say).
+    """
+
+    def __init__(self, pool, *, source: str, max_views: int = 100) -> None:
+        super().__init__(pool, max_views=max_views)
+        self.source = source
+        self.sequence = 0
+        self.sealed: tuple[str, Counter[str]] | None = None  # a batch that failed, to send again as it was
+
+    async def flush(self) -> None:
+        for _ in range(2):  # the batch left over from a failed flush first, then the buffer
+            if self.sealed is None:
+                if not self.buffer:
+                    return
+                self.sequence += 1
+                batch, self.buffer = self.buffer, Counter()
+                self.pending -= sum(batch.values())
+                self.sealed = (f"{self.source}:{self.sequence}", batch)
+            flush_id, batch = self.sealed
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    "INSERT INTO view_count_flushes (flush_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING 1",
+                    (flush_id,),
+                )
+                if await cur.fetchone() is not None:  # not applied before: add the deltas
+                    await conn.execute(ADD_DELTAS, _arrays(batch))
+            self.sealed = None  # applied now, or found applied already
+            self.flushes += 1
 
     async def close(self) -> None:
         await self.flush()

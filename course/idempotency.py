@@ -234,6 +234,17 @@ async def release(pool, key: str) -> None:
         await conn.execute("DELETE FROM idempotency_keys WHERE key = %s AND status = 'pending'", (key,))
 
 
+async def complete(pool, key: str, response: dict) -> bool:
+    """Mark a pending claim done with ``response`` (what a repeat is answered with); False if it was not pending."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "UPDATE idempotency_keys SET status = 'done', response = %s, updated_at = now() "
+            "WHERE key = %s AND status = 'pending' RETURNING key",
+            (Jsonb(response), key),
+        )
+        return await cur.fetchone() is not None
+
+
 class _AlreadyFinished(Exception):
     pass
 

@@ -8,6 +8,12 @@ back (an NTP correction, a VM migration) issues ids smaller than ones it already
 or duplicates. :class:`Snowflake` never goes back: it waits (on the injected ``sleep``)
 for a small step back and raises :class:`ClockWentBackwards` for a large one.
 
+Two more things make the ids unique. The worker id must belong to one process at a time (a
+lease row in the database, a ZooKeeper or etcd sequential node, a StatefulSet ordinal): two
+processes with one worker id issue the same ids. And one generator shared by threads must make
+each id under a lock, or two threads read the same millisecond and sequence and return the
+same id; :class:`Snowflake` holds one.
+
 UUIDv7 (RFC 9562, 2024) is the standard form of the same idea: 48 bits of Unix
 milliseconds, then random bits, in the 128-bit UUID layout. PostgreSQL 18 has
 ``uuidv7()``; Python 3.14 has ``uuid.uuid7()``; before that the ``uuid6`` package.
@@ -15,6 +21,7 @@ milliseconds, then random bits, in the 128-bit UUID layout. PostgreSQL 18 has
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -49,11 +56,16 @@ class Snowflake:
         self.last_ms = -1
         self.sequence = 0
         self.waited_ms = 0  # how long it waited for the clock, in all
+        self._lock = threading.Lock()
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000) - EPOCH_MS
 
     def next_id(self) -> int:
+        with self._lock:  # the read of last_ms and sequence and their update are one step
+            return self._next_id()
+
+    def _next_id(self) -> int:
         now = self._now_ms()
         if now < self.last_ms:
             behind = self.last_ms - now

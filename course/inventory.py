@@ -9,18 +9,26 @@ concurrent transaction changed before it updates it), so a buyer who waited sees
 stock the previous buyer left, and no row comes back once it is 0. Reading the stock in
 Python and writing it back is the bug the chapter shows first.
 
-A sale is a **reservation**, not a payment: :func:`buy` takes a unit and records a
+A sale is a **reservation**, not a payment: :func:`buy` takes the units and records a
 reservation (``held``, with a deadline) in one transaction, commits, then calls the
-payment provider with **no transaction open**, and finally confirms (``paid``) or, when the
-payment failed, releases the unit. Both the confirm and the release say
-``WHERE status = 'held'``, so a reservation the reaper (:func:`release_expired`) returned to
-stock is never returned twice nor confirmed after it expired. The buyer's idempotency key is
+payment provider with **no transaction open**, and finally confirms (``paid``). Only a
+**definite decline** (:class:`course.idempotency.ChargeDeclined`: the provider answered that
+it did not charge) gives the units back at once. A timeout, a 5xx or a lost connection is an
+*unknown* outcome (the card may have been charged), so the reservation stays ``held`` and is
+settled later with the provider, under the same key (the reservation id): by its webhook
+(:func:`settle`) or by the reaper (:func:`release_expired`), which asks the provider about
+every expired reservation before it releases one, so a paid unit is never put back on sale.
+Every write says ``WHERE status = 'held'``, so whichever of the buyer, the webhook and the
+reaper comes second changes nothing. Every path locks the reservation row first and the stock
+row second, so none of them waits on another in a cycle. The buyer's idempotency key is
 unique on the reservation: a retried purchase finds the first one (chapter 03's claim,
-``INSERT ... ON CONFLICT DO NOTHING RETURNING``).
+``INSERT ... ON CONFLICT DO NOTHING RETURNING``), and the same key for another item or
+quantity is refused.
 
 In front of the database, :func:`gate_take` is a Redis ``DECR`` gate that turns away the
-crowd once the stock is gone; the database stays the source of truth and
-:func:`reconcile_gate` resets the gate from it. For a large stock without a gate,
+crowd once the stock is gone; the database stays the source of truth, and
+:func:`reconcile_gate` resets the gate from it (which is also how released units reach the
+gate: it is never incremented on its own). For a large stock without a gate,
 :func:`take_from_buckets` spreads one item over N rows so buyers wait on N row locks,
 not one.
 """
@@ -29,7 +37,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import datetime
+
+from course.idempotency import ChargeDeclined, IdempotencyKeyReused
 
 #: How long a reservation holds its unit before the reaper returns it (ten minutes).
 HOLD_SECONDS = 600.0
@@ -44,6 +55,7 @@ CREATE TABLE IF NOT EXISTS inventory_reservations (
     key        text NOT NULL UNIQUE,
     sku        text NOT NULL,
     buyer      text NOT NULL,
+    quantity   integer NOT NULL DEFAULT 1 CHECK (quantity > 0),
     status     text NOT NULL DEFAULT 'held' CHECK (status IN ('held', 'paid', 'released')),
     payment_id text,
     expires_at timestamptz NOT NULL,
@@ -94,96 +106,154 @@ async def buy(
     key: str,
     pay: Callable[[str, str, int], Awaitable[str]],
     *,
+    quantity: int = 1,
     hold_seconds: float = HOLD_SECONDS,
 ) -> dict:
-    """Reserve one unit of ``sku``, pay for it, confirm: the course's reference answer.
+    """Reserve ``quantity`` units of ``sku``, pay for them, confirm: the course's reference answer.
 
-    Returns ``{"status": "paid", "reservation_id", "payment_id"}``, ``{"status": "sold_out"}``,
-    ``{"status": "payment_failed", ...}`` (the payment raised; the unit went back to stock), or
-    ``{"status": "expired", ...}`` (the payment came back after the reaper had returned the unit:
-    the caller refunds it). A repeat of ``key`` returns its reservation as it stands.
+    ``pay(buyer, sku, reservation_id)`` returns the payment id; the reservation id is its
+    idempotency key at the provider. Returns ``{"status": "paid", "reservation_id",
+    "payment_id"}``, ``{"status": "sold_out"}``, ``{"status": "payment_failed", ...}`` (the
+    provider declined: the units went back to stock), ``{"status": "payment_unknown", ...}``
+    (a timeout, a 5xx, a lost connection: the units stay held until the provider says what
+    happened) or ``{"status": "expired", ...}`` (the payment came back after the reaper had
+    released the units: the caller refunds it). A repeat of ``key`` returns its reservation as
+    it stands; the same key for another item or quantity raises ``IdempotencyKeyReused``.
     """
+    if isinstance(quantity, bool) or not isinstance(quantity, int) or quantity < 1:
+        raise ValueError(f"quantity must be a positive int, got {quantity!r}")
     try:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "INSERT INTO inventory_reservations (key, sku, buyer, expires_at) "
-                "VALUES (%s, %s, %s, now() + make_interval(secs => %s)) "
+                "INSERT INTO inventory_reservations (key, sku, buyer, quantity, expires_at) "
+                "VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s)) "
                 "ON CONFLICT (key) DO NOTHING RETURNING id",
-                (key, sku, buyer, hold_seconds),
+                (key, sku, buyer, quantity, hold_seconds),
             )
             claimed = await cur.fetchone()
             if claimed is not None:
                 cur = await conn.execute(
-                    "UPDATE inventory_items SET stock = stock - 1 WHERE sku = %s AND stock > 0 "
+                    "UPDATE inventory_items SET stock = stock - %s WHERE sku = %s AND stock >= %s "
                     "RETURNING stock",
-                    (sku,),
+                    (quantity, sku, quantity),
                 )
                 if await cur.fetchone() is None:
                     raise _SoldOut  # rolls back the reservation too
     except _SoldOut:
         return {"status": "sold_out"}
     if claimed is None:  # a repeat: the first call's reservation answers
-        async with pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT id, status, payment_id FROM inventory_reservations WHERE key = %s", (key,)
-            )
-            return _outcome(await cur.fetchone())
+        return await _repeat(pool, key, (sku, buyer, quantity))
     (rid,) = claimed
     try:
         payment_id = await pay(buyer, sku, rid)  # no transaction open, no lock held
-    except Exception:  # noqa: BLE001 - a declined or timed-out payment gives the unit back
+    except ChargeDeclined:  # certain: nothing was charged, so the units can go back now
         await release(pool, rid)
         return {"status": "payment_failed", "reservation_id": rid, "payment_id": None}
+    except Exception:  # noqa: BLE001 - a timeout, a 5xx, a reset: the card may have been charged
+        return {"status": "payment_unknown", "reservation_id": rid, "payment_id": None}
+    return await settle(pool, rid, payment_id)
+
+
+async def _repeat(pool, key: str, request: tuple) -> dict:
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "UPDATE inventory_reservations SET status = 'paid', payment_id = %s WHERE id = %s "
-            "AND status = 'held' RETURNING id, status, payment_id",
-            (payment_id, rid),
+            "SELECT id, status, payment_id, sku, buyer, quantity FROM inventory_reservations WHERE key = %s",
+            (key,),
         )
         row = await cur.fetchone()
-    if row is None:  # the deadline passed and the reaper returned the unit: refund
-        return {"status": "expired", "reservation_id": rid, "payment_id": payment_id}
+    if tuple(row[3:]) != request:
+        raise IdempotencyKeyReused(key, f"key {key!r} was first used for {row[5]} x {row[3]!r} by {row[4]!r}")
+    return _outcome(row[:3])
+
+
+async def settle(pool, reservation_id: int, payment_id: str | None) -> dict:
+    """Record what the provider said about a held reservation: paid (``payment_id``) or not (None).
+
+    The buyer's confirm, the provider's webhook and the reaper all come here. Only a ``held``
+    reservation changes; a second call (or a late one) finds it settled and answers from the
+    row: ``paid`` when it was paid, ``expired`` when its units went back to stock first (a
+    payment that then arrives is refunded by the caller).
+    """
+    if payment_id is None:
+        await release(pool, reservation_id)
+    else:
+        async with pool.connection() as conn:
+            await conn.execute(
+                "UPDATE inventory_reservations SET status = 'paid', payment_id = %s "
+                "WHERE id = %s AND status = 'held'",
+                (payment_id, reservation_id),
+            )
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT id, status, payment_id FROM inventory_reservations WHERE id = %s", (reservation_id,)
+        )
+        row = await cur.fetchone()
+    if payment_id is not None and row[1] == "released":
+        return {"status": "expired", "reservation_id": reservation_id, "payment_id": payment_id}
     return _outcome(row)
 
 
 async def release(pool, reservation_id: int) -> bool:
-    """Return a held reservation's unit to stock, once: True if this call released it."""
+    """Return a held reservation's units to stock, once: True if this call released them."""
     async with pool.connection() as conn, conn.transaction():
-        cur = await conn.execute(
+        cur = await conn.execute(  # the reservation row first, the stock row second: every path's order
             "UPDATE inventory_reservations SET status = 'released' WHERE id = %s AND status = 'held' "
-            "RETURNING sku",
+            "RETURNING sku, quantity",
             (reservation_id,),
         )
         row = await cur.fetchone()
         if row is None:
             return False  # paid, or released already (by the reaper): never twice
-        await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku = %s", row)
+        await conn.execute("UPDATE inventory_items SET stock = stock + %s WHERE sku = %s", (row[1], row[0]))
         return True
 
 
-async def release_expired(pool, *, as_of: datetime | None = None, limit: int = 100) -> list[int]:
-    """The reaper: release held reservations past their deadline (``as_of`` defaults to now()).
+@dataclass
+class Reaped:
+    """What one pass of the reaper did, by reservation id."""
 
-    One statement per batch: the expired rows are marked ``released`` (``SKIP LOCKED``, so
-    two reapers share the work) and their units go back to stock in the same transaction.
+    released: list[int] = field(default_factory=list)  # the provider said: not charged
+    paid: list[int] = field(default_factory=list)  # the provider said: charged (the confirm never came)
+    unknown: list[int] = field(default_factory=list)  # the provider could not say: still held
+
+
+async def release_expired(
+    pool,
+    ask: Callable[[int], Awaitable[str | None]],
+    *,
+    as_of: datetime | None = None,
+    limit: int = 100,
+) -> Reaped:
+    """The reaper: settle held reservations past their deadline (``as_of`` defaults to now()).
+
+    A held reservation past its deadline is not necessarily unpaid: the buyer's process may have
+    died between the charge and the confirm, or its payment timed out after the card was
+    charged. So the reaper asks first: ``ask(reservation_id)`` returns the payment id when the
+    charge under that key went through, None when nothing was charged (and, where the provider
+    allows it, voids the key, so a charge still in flight fails: Stripe cancels a
+    PaymentIntent, a card network voids an authorization), and raises when the provider cannot
+    say (the reservation stays held for the next pass). No transaction is open while it asks.
     """
-    async with pool.connection() as conn, conn.transaction():
+    async with pool.connection() as conn:
         cur = await conn.execute(
-            """
-            UPDATE inventory_reservations SET status = 'released'
-            WHERE id IN (
-                SELECT id FROM inventory_reservations
-                WHERE status = 'held' AND expires_at <= coalesce(%s::timestamptz, now())
-                ORDER BY expires_at LIMIT %s
-                FOR UPDATE SKIP LOCKED)
-            RETURNING id, sku
-            """,
+            "SELECT id FROM inventory_reservations WHERE status = 'held' "
+            "AND expires_at <= coalesce(%s::timestamptz, now()) ORDER BY expires_at, id LIMIT %s",
             (as_of, limit),
         )
-        rows = await cur.fetchall()
-        for _, sku in rows:
-            await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku = %s", (sku,))
-    return sorted(rid for rid, _ in rows)
+        due = [rid for (rid,) in await cur.fetchall()]
+    reaped = Reaped()
+    for rid in due:
+        try:
+            payment_id = await ask(rid)
+        except Exception:  # noqa: BLE001 - the provider cannot say: leave it held, ask again next pass
+            reaped.unknown.append(rid)
+            continue
+        if payment_id is None:
+            if await release(pool, rid):
+                reaped.released.append(rid)
+        elif (await settle(pool, rid, payment_id))["status"] == "paid":
+            reaped.paid.append(rid)
+    return reaped
 
 
 async def sold(pool, sku: str) -> dict[str, int]:
@@ -216,16 +286,13 @@ async def gate_take(redis, sku: str) -> bool:
     return await redis.decr(gate_key(sku)) >= 0
 
 
-async def gate_return(redis, sku: str) -> None:
-    """Give a unit back to the gate (an expired or unpaid reservation)."""
-    await redis.incr(gate_key(sku))
-
-
 async def reconcile_gate(pool, redis, sku: str) -> tuple[int | None, int]:
     """Reset the gate from the source of truth: ``(what the gate said, what the database holds)``.
 
-    A crash between the ``DECR`` and the database (or a Redis failover that lost writes)
-    leaves the two apart; the database wins.
+    The gate only ever goes down. Units the database gets back (a declined payment, the
+    reaper) reach the gate here, and so does the unit of a buyer who passed the gate and died
+    before the database (or writes a Redis failover lost): the database wins. Run it on a
+    schedule and after every failover.
     """
     async with pool.connection() as conn:
         cur = await conn.execute("SELECT stock FROM inventory_items WHERE sku = %s", (sku,))

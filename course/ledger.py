@@ -5,7 +5,9 @@ Every movement of money is a **transfer**: one row in ``ledger_transfers`` and p
 constraint trigger refuses, at commit, a transfer that does not). Postings are
 **append-only** (a trigger refuses UPDATE and DELETE): a mistake is corrected by a new,
 opposite transfer, never by editing history. Amounts are **integers in minor units**
-(cents); a float or a Decimal is refused before it reaches the database.
+(cents) of the account's one currency (``ledger_accounts.currency``; a transfer between two
+currencies is refused: a conversion is two transfers through an exchange account); a float or
+a Decimal is refused before it reaches the database.
 
 Each account caches its balance (``ledger_accounts.balance``), updated in the same
 transaction as the postings; the overdraft check is the ``WHERE`` of that update
@@ -28,6 +30,7 @@ from decimal import Decimal
 
 import psycopg
 
+from course.backoff import FullJitter
 from course.idempotency import IdempotencyKeyReused, request_hash
 
 SCHEMA = """
@@ -36,6 +39,7 @@ CREATE TABLE IF NOT EXISTS ledger_accounts (
     name           text NOT NULL,
     balance        bigint NOT NULL DEFAULT 0,
     allow_negative boolean NOT NULL DEFAULT false,
+    currency       text NOT NULL DEFAULT 'EUR' CHECK (currency ~ '^[A-Z]{3}$'),  -- ISO 4217: one per account
     -- the backstop: code that skips the overdraft check fails here instead of going negative
     CONSTRAINT ledger_no_overdraft CHECK (allow_negative OR balance >= 0)
 );
@@ -101,6 +105,10 @@ async def setup_schema(pool_or_conn) -> None:
 RETRYABLE = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 
 
+#: The wait before retry k of a transfer PostgreSQL aborted: full jitter, 5 ms doubling to 200 ms (chapter 01).
+RETRY_BACKOFF = FullJitter(base=0.005, cap=0.2)
+
+
 class InsufficientFunds(Exception):
     """The source account may not go below zero and holds less than the amount."""
 
@@ -119,13 +127,15 @@ def check_amount(amount) -> int:
     return amount
 
 
-async def open_account(pool, account_id: int, name: str, *, allow_negative: bool = False) -> None:
-    """Create an account at zero (system accounts such as a bank's may go negative)."""
+async def open_account(
+    pool, account_id: int, name: str, *, allow_negative: bool = False, currency: str = "EUR"
+) -> None:
+    """Create an account at zero in one ``currency`` (system accounts such as a bank's may go negative)."""
     async with pool.connection() as conn:
         await conn.execute(
-            "INSERT INTO ledger_accounts (id, name, allow_negative) VALUES (%s, %s, %s) "
+            "INSERT INTO ledger_accounts (id, name, allow_negative, currency) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT (id) DO NOTHING",
-            (account_id, name, allow_negative),
+            (account_id, name, allow_negative, currency),
         )
 
 
@@ -152,13 +162,14 @@ async def transfer_once(pool, from_id: int, to_id: int, amount: int, key: str) -
         (tid,) = row
         # lock both accounts in id order: opposite transfers queue, they never wait in a cycle
         cur = await conn.execute(
-            "SELECT id, balance, allow_negative FROM ledger_accounts WHERE id = ANY(%s) ORDER BY id "
-            "FOR NO KEY UPDATE",
+            "SELECT id, currency FROM ledger_accounts WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE",
             ([from_id, to_id],),
         )
-        found = {r[0] for r in await cur.fetchall()}
-        if found != {from_id, to_id}:
-            raise LookupError(f"no account {sorted({from_id, to_id} - found)}")
+        found = dict(await cur.fetchall())
+        if set(found) != {from_id, to_id}:
+            raise LookupError(f"no account {sorted({from_id, to_id} - set(found))}")
+        if found[from_id] != found[to_id]:  # a conversion is two transfers, through an exchange account
+            raise ValueError(f"account {from_id} holds {found[from_id]}, account {to_id} {found[to_id]}")
         cur = await conn.execute(
             "UPDATE ledger_accounts SET balance = balance - %s WHERE id = %s "
             "AND (allow_negative OR balance >= %s)",
@@ -192,8 +203,25 @@ async def transfer(pool, from_id: int, to_id: int, amount: int, key: str, *, att
         except RETRYABLE:  # 40001 and 40P01: the whole transaction can run again
             if attempt == attempts - 1:
                 raise
-            await asyncio.sleep(0)
+            await asyncio.sleep(RETRY_BACKOFF.delay(attempt))  # jittered: the two losers do not meet again
     raise AssertionError("unreachable")
+
+
+async def balance_at(pool, account_id: int, at) -> int:
+    """The balance of ``account_id`` as it stood at ``at``: the sum of its postings of transfers made by then.
+
+    Postings are never edited, so the history answers questions about the past; the cached
+    balance only knows the present. ``created_at`` is when the transfer's transaction began, so
+    a transfer that began before ``at`` and committed just after it is counted.
+    """
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT coalesce(sum(p.amount), 0) FROM ledger_postings p JOIN ledger_transfers t ON t.id = p.transfer_id "
+            "WHERE p.account_id = %s AND t.created_at <= %s",
+            (account_id, at),
+        )
+        (total,) = await cur.fetchone()
+    return int(total)
 
 
 async def reconcile(pool) -> dict:

@@ -9,9 +9,10 @@ short range scan.
 
 The cursor a client gets is opaque: base64url of a small JSON payload (a version, the sort
 values, a fingerprint of the filter and sort it was made for) and an HMAC of it under a
-server-side secret. A client cannot read or forge it, an old version is rejected by name,
-and a cursor made for another filter or sort is refused instead of silently returning
-the wrong rows.
+server-side secret. Base64 is not encryption: a client can decode and read the payload,
+but it cannot change it without the signature failing (encrypt the payload too, e.g. with
+AES-GCM, if its values must stay private). An old version is rejected by name, and a cursor
+made for another filter or sort is refused instead of silently returning the wrong rows.
 
     codec = CursorCodec(b"server secret")
     page = await fetch_page(pool, POSTS, codec, after=token, limit=20)
@@ -118,8 +119,12 @@ def seek_condition(columns: Sequence[str], descending: Sequence[bool]) -> sql.Co
 
     One direction for every column: a row comparison, ``(a, b) < (%s, %s)``, which
     PostgreSQL matches to a btree index on ``(a, b)``. Mixed directions cannot use a
-    row comparison, so it is expanded: ``a < %s OR (a = %s AND b > %s)``; its parameters
-    are then the values repeated, as :func:`seek_params` gives them.
+    row comparison, so it is expanded: ``a < %s OR (a = %s AND b > %s)``. That OR alone
+    gives the index scan no place to start, so PostgreSQL reads the index from its first
+    entry and filters every row before the cursor (as costly as OFFSET). A redundant bound on
+    the first column, ``a <= %s AND (a < %s OR (a = %s AND b > %s))``, is an index condition:
+    the scan starts at the cursor. The parameters are the values repeated, as
+    :func:`seek_params` gives them.
     """
     idents = [sql.Identifier(c) for c in columns]
     if len(set(descending)) == 1:
@@ -132,14 +137,15 @@ def seek_condition(columns: Sequence[str], descending: Sequence[bool]) -> sql.Co
         equal = [sql.SQL("{} = %s").format(idents[j]) for j in range(i)]
         strict = sql.SQL("{} {} %s").format(ident, sql.SQL("<" if descending[i] else ">"))
         terms.append(sql.SQL("({})").format(sql.SQL(" AND ").join([*equal, strict])))
-    return sql.SQL("({})").format(sql.SQL(" OR ").join(terms))
+    bound = sql.SQL("{} {} %s").format(idents[0], sql.SQL("<=" if descending[0] else ">="))
+    return sql.SQL("{} AND ({})").format(bound, sql.SQL(" OR ").join(terms))
 
 
 def seek_params(values: Sequence, descending: Sequence[bool]) -> list:
     """Parameters for :func:`seek_condition` with the position ``values``."""
     if len(set(descending)) == 1:
         return list(values)
-    return [v for i in range(len(values)) for v in [*values[:i], values[i]]]
+    return [values[0], *(v for i in range(len(values)) for v in [*values[:i], values[i]])]
 
 
 @dataclass(frozen=True)

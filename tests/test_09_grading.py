@@ -462,6 +462,84 @@ assert 'f"{node}:{i}"' in RING_CRC32_NODE_COLON_I and 'f"{node}.{i}"' in RING_CR
 DROPS_MICROSECONDS = KEYSET.replace('"t": created_at.isoformat()', '"t": created_at.replace(microsecond=0).isoformat()')
 assert DROPS_MICROSECONDS != KEYSET
 
+# a refused cursor swallowed: the signature check works, then page 1 is served again
+SWALLOWS_INVALID_CURSOR = KEYSET.replace(
+    """async def keyset_page(pool, cursor, limit):
+""",
+    """async def keyset_page(pool, cursor, limit):
+    try:
+        if cursor is not None:
+            _decode(cursor)
+    except InvalidCursor:
+        cursor = None  # a broken cursor: start again from the first page
+""",
+)
+assert SWALLOWS_INVALID_CURSOR != KEYSET
+
+# a tie-breaker that compares id the other way than ORDER BY sorts it
+TIE_BREAKER_WRONG_WAY = KEYSET.replace(
+    """WHERE (created_at, id) < (%s, %s) "
+                "ORDER BY created_at DESC, id DESC LIMIT %s", (ts, last, limit + 1))""",
+    """WHERE created_at < %s OR (created_at = %s AND id > %s) "
+                "ORDER BY created_at DESC, id DESC LIMIT %s", (ts, ts, last, limit + 1))""",
+)
+assert TIE_BREAKER_WRONG_WAY != KEYSET
+
+# keys hashed into 32 bits, points into 64: every key sorts before almost every point
+KEYS_IN_32_BITS = RING_MD5.replace(
+    """        i = bisect.bisect_left(self.points, (self._h(key), ""))""",
+    """        i = bisect.bisect_left(self.points, (self._h(key) >> 32, ""))""",
+)
+assert KEYS_IN_32_BITS != RING_MD5
+
+# no wrap-around: a key past the last point has no index
+NO_WRAP = RING_MD5.replace("return self.points[i % len(self.points)][1]", "return self.points[i][1]")
+assert NO_WRAP != RING_MD5
+
+# positions in a sorted list, owners in a dict: remove_node forgets the owners and keeps the positions
+STALE_POSITIONS = """
+import bisect, hashlib
+
+
+class HashRing:
+    def __init__(self, vnodes=160):
+        self.vnodes = vnodes
+        self.keys = []
+        self.owner = {}
+
+    @staticmethod
+    def _h(text):
+        return int.from_bytes(hashlib.md5(text.encode()).digest()[:8], "big")
+
+    def add_node(self, node):
+        for i in range(self.vnodes):
+            p = self._h(f"{node}#{i}")
+            self.owner[p] = node
+            bisect.insort(self.keys, p)
+
+    def remove_node(self, node):
+        self.owner = {p: n for p, n in self.owner.items() if n != node}
+
+    def node_for(self, key):
+        i = bisect.bisect_left(self.keys, self._h(key))
+        return self.owner[self.keys[i % len(self.keys)]]
+"""
+
+# the chapter's reference pager, called: no query of its own
+CALLS_FETCH_PAGE = (
+    HEADER
+    + """
+from course.pagination import CursorCodec, Keyset, fetch_page
+
+POSTS = Keyset("ch09_posts", ("id", "created_at", "title"), (("created_at", True), ("id", True)))
+
+
+async def keyset_page(pool, cursor, limit):
+    page = await fetch_page(pool, POSTS, CursorCodec(CURSOR_SECRET), after=cursor, limit=limit)
+    return page.rows, page.next
+"""
+)
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "keyset_page": {
         "offset_pages": (OFFSET_PAGES, "OFFSET"),
@@ -474,6 +552,9 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "per_process_secret": (PER_PROCESS_SECRET, "shared CURSOR_SECRET"),
         "wrong_exception": (WRONG_EXCEPTION, "expected InvalidCursor"),
         "cursor_drops_microseconds": (DROPS_MICROSECONDS, "microseconds"),
+        "swallows_invalid_cursor": (SWALLOWS_INVALID_CURSOR, "Let InvalidCursor reach the caller"),
+        "tie_breaker_wrong_way": (TIE_BREAKER_WRONG_WAY, "runs the other way"),
+        "calls_fetch_page": (CALLS_FETCH_PAGE, "write the query yourself"),
     },
     "hash_ring": {
         "modulo": (MODULO, "hash(key) % len(nodes)"),
@@ -482,6 +563,9 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "order_dependent": (ORDER_DEPENDENT, "opposite order"),
         "rebuilt_sorted_by_index": (REBUILT_BY_INDEX, "position in a list"),
         "remove_reshuffles": (REMOVE_RESHUFFLES, "node-3 removed"),
+        "keys_in_32_bits": (KEYS_IN_32_BITS, "same range"),
+        "no_wrap_around": (NO_WRAP, "wraps around"),
+        "stale_positions_after_remove": (STALE_POSITIONS, "Remove the node's points everywhere"),
     },
 }
 

@@ -37,11 +37,24 @@ def test_09_cursor_refuses_garbage():
             pagination.CursorCodec(SECRET).decode(junk)
 
 
-def test_09_seek_condition_expands_mixed_directions():
-    same = pagination.seek_condition(["a", "b"], [True, True])
-    mixed = pagination.seek_condition(["a", "b"], [True, False])
-    assert "<" in repr(same) and "OR" in repr(mixed)
-    assert pagination.seek_params([1, 2], [True, False]) == [1, 1, 2]
+def test_09_seek_condition_expands_mixed_directions_and_bounds_the_first_column():
+    same = pagination.seek_condition(["a", "b"], [True, True]).as_string(None)
+    mixed = pagination.seek_condition(["a", "b"], [True, False]).as_string(None)
+    assert same == '("a", "b") < (%s, %s)'
+    assert mixed == '"a" <= %s AND (("a" < %s) OR ("a" = %s AND "b" > %s))'
+    assert pagination.seek_params([1, 2], [True, False]) == [1, 1, 1, 2]
+
+
+def test_09_a_bounded_mixed_seek_starts_at_the_cursor_and_an_or_alone_filters_every_row_before_it():
+    async def run():
+        async with lab.scratch("ch09-mixed") as ns:
+            pool = await ns.pool(max_size=2)
+            return await ch09.mixed_seek_costs(pool, 6_000, 4_500)
+
+    got = asyncio.run(run())
+    assert got["same"]
+    assert got["or only"]["filtered"] >= 4_500 - 20 and got["bounded"]["filtered"] <= 20
+    assert any("Index Cond: (score <=" in line for line in got["plan"])
 
 
 def test_09_fetch_page_walks_forward_and_back_without_repeats():
@@ -114,6 +127,16 @@ def test_09_snowflake_never_goes_back_and_refuses_a_big_step():
     now[0] -= 10
     with pytest.raises(ids.ClockWentBackwards):
         gen.next_id()
+
+
+def test_09_snowflake_shared_by_threads_never_issues_one_id_twice():
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = ids.Snowflake(5)
+    with ThreadPoolExecutor(8) as pool:
+        batches = list(pool.map(lambda _: [gen.next_id() for _ in range(3_000)], range(8)))
+    made = [i for batch in batches for i in batch]
+    assert len(set(made)) == len(made) == 24_000
 
 
 def test_09_uuid7_time_reads_the_timestamp():

@@ -15,6 +15,7 @@ from tests.helpers import assert_accepted, assert_rejected
 BUY_HEADER = """
 import asyncio
 import psycopg
+from course.idempotency import ChargeDeclined
 from course.inventory import HOLD_SECONDS
 """
 
@@ -47,7 +48,7 @@ async def buy(pool, sku, buyer, key, pay):
     rid = row[0]
     try:
         payment_id = await pay(buyer, sku, rid)
-    except Exception:
+    except ChargeDeclined:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "UPDATE inventory_reservations SET status = 'released' WHERE id = %s AND status = 'held' "
@@ -55,12 +56,16 @@ async def buy(pool, sku, buyer, key, pay):
             if await cur.fetchone() is not None:
                 await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku = %s", (sku,))
         return {"status": "payment_failed", "reservation_id": rid}
+    except Exception:  # unknown: maybe charged
+        return {"status": "payment_unknown", "reservation_id": rid}
     async with pool.connection() as conn:
         cur = await conn.execute(
             "UPDATE inventory_reservations SET status = 'paid', payment_id = %s "
             "WHERE id = %s AND status = 'held' RETURNING id", (payment_id, rid))
         if await cur.fetchone() is None:
-            return {"status": "expired", "reservation_id": rid, "payment_id": payment_id}
+            cur = await conn.execute("SELECT status FROM inventory_reservations WHERE id = %s", (rid,))
+            if (await cur.fetchone())[0] != "paid":
+                return {"status": "expired", "reservation_id": rid, "payment_id": payment_id}
     return {"status": "paid", "reservation_id": rid, "payment_id": payment_id}
 """
 )
@@ -118,7 +123,7 @@ async def buy(pool, sku, buyer, key, pay):
             return {"status": status, "reservation_id": rid}
     try:
         payment_id = await pay(buyer, sku, rid)
-    except Exception:
+    except ChargeDeclined:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "UPDATE inventory_reservations SET status = 'released' WHERE id = %s AND status = 'held' "
@@ -126,11 +131,16 @@ async def buy(pool, sku, buyer, key, pay):
             if await cur.fetchone() is not None:
                 await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku = %s", (sku,))
         return {"status": "payment_failed", "reservation_id": rid}
+    except Exception:  # unknown: maybe charged
+        return {"status": "payment_unknown", "reservation_id": rid}
     async with pool.connection() as conn:
         cur = await conn.execute(
             "UPDATE inventory_reservations SET status = 'paid', payment_id = %s "
             "WHERE id = %s AND status = 'held' RETURNING id", (payment_id, rid))
         status = "paid" if await cur.fetchone() is not None else "expired"
+        if status == "expired":
+            cur = await conn.execute("SELECT status FROM inventory_reservations WHERE id = %s", (rid,))
+            status = "paid" if (await cur.fetchone())[0] == "paid" else "expired"
     return {"status": status, "reservation_id": rid, "payment_id": payment_id}
 """
 )
@@ -173,16 +183,18 @@ async def buy(pool, sku, buyer, key, pay):
     rid = row[0]
     try:
         payment_id = await pay(buyer, sku, rid)
-    except Exception:
+    except ChargeDeclined:
         async with pool.connection() as conn:
             await conn.execute(
                 "WITH r AS (UPDATE inventory_reservations SET status = 'released' "
                 "WHERE id = %s AND status = 'held' RETURNING sku) "
                 "UPDATE inventory_items i SET stock = stock + 1 FROM r WHERE i.sku = r.sku", (rid,))
         return {"status": "payment_failed", "reservation_id": rid}
+    except Exception:  # unknown: maybe charged
+        return {"status": "payment_unknown", "reservation_id": rid}
     async with pool.connection() as conn:
         cur = await conn.execute(
-            "UPDATE inventory_reservations SET status = 'paid', payment_id = %s WHERE id = %s AND status = 'held'",
+            "UPDATE inventory_reservations SET status = 'paid', payment_id = %s WHERE id = %s AND status <> 'released'",
             (payment_id, rid))
     return {"status": "paid" if cur.rowcount else "expired", "reservation_id": rid, "payment_id": payment_id}
 """
@@ -619,7 +631,7 @@ WRONG_TRANSFER = {
             "except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):",
             "except psycopg.errors.TransactionRollback:",
         ),
-        "DeadlockDetected",
+        "not a subclass of TransactionRollback",
     ),
     "python_computed_balance": (
         TRANSFER_ID_ORDER.replace(
@@ -685,9 +697,67 @@ WRONG_TRANSFER = {
             'ON CONFLICT (key) DO NOTHING RETURNING id",\n            (key, h))',
             'ON CONFLICT (key) DO NOTHING RETURNING id",\n            (key + str(id(conn)) + str(asyncio.get_running_loop().time()), h))',
         ),
-        "look the key up",
+        "ON CONFLICT (key) DO NOTHING",
+    ),
+    # the key looked up first, then a plain INSERT: right one after another, a UniqueViolation for a
+    # repeat that arrives while the first transfer has not committed
+    "lookup_then_insert": (
+        TRANSFER_ID_ORDER.replace(
+            """        cur = await conn.execute(
+            "INSERT INTO ledger_transfers (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING id",
+            (key, h))
+        row = await cur.fetchone()
+        if row is None:
+            cur = await conn.execute("SELECT id, request_hash FROM ledger_transfers WHERE key = %s", (key,))
+            tid, stored = await cur.fetchone()
+            if stored != h:
+                raise IdempotencyKeyReused(key)
+            return tid
+        tid = row[0]
+""",
+            """        cur = await conn.execute("SELECT id, request_hash FROM ledger_transfers WHERE key = %s", (key,))
+        found = await cur.fetchone()
+        if found is not None:
+            if found[1] != h:
+                raise IdempotencyKeyReused(key)
+            return found[0]
+        cur = await conn.execute(
+            "INSERT INTO ledger_transfers (key, request_hash) VALUES (%s, %s) RETURNING id", (key, h))
+        tid = (await cur.fetchone())[0]
+""",
+        ),
+        "a lookup before a plain insert races",
     ),
 }
+
+# amounts taken for major units and converted to cents: 250 becomes 25,000, more than account 1 holds
+WRONG_TRANSFER["major_units"] = (
+    TRANSFER_ID_ORDER.replace(
+        """    h = request_hash({"from": from_id, "to": to_id, "amount": amount})""",
+        """    h = request_hash({"from": from_id, "to": to_id, "amount": amount})
+    amount = amount * 100  # euros to cents""",
+    ),
+    "convert nothing",
+)
+assert WRONG_TRANSFER["major_units"][0] != TRANSFER_ID_ORDER
+
+# the key claimed by a plain INSERT in a savepoint: a repeat's UniqueViolation (raised once the first
+# transfer commits) rolls the savepoint back, and the stored transfer answers
+TRANSFER_UNIQUE_VIOLATION = TRANSFER_ID_ORDER.replace(
+    """        cur = await conn.execute(
+            "INSERT INTO ledger_transfers (key, request_hash) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING RETURNING id",
+            (key, h))
+        row = await cur.fetchone()
+""",
+    """        try:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    "INSERT INTO ledger_transfers (key, request_hash) VALUES (%s, %s) RETURNING id", (key, h))
+                row = await cur.fetchone()
+        except psycopg.errors.UniqueViolation:
+            row = None
+""",
+)
 
 # ----------------------------------------------------------------------------- found by the outside audit
 # The reservation committed on its own, then the stock taken in a second statement: when the stock
@@ -695,6 +765,7 @@ WRONG_TRANSFER = {
 BUY_TWO_TRANSACTIONS = """
 import asyncio
 import psycopg
+from course.idempotency import ChargeDeclined
 from course.inventory import HOLD_SECONDS
 
 async def _existing(pool, key):
@@ -723,18 +794,23 @@ async def buy(pool, sku, buyer, key, pay):
     rid = claimed
     try:
         payment_id = await pay(buyer, sku, rid)
-    except Exception:
+    except ChargeDeclined:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING id", (rid,))
             if await cur.fetchone() is not None:
                 await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku=%s", (sku,))
         return {"status": "payment_failed", "reservation_id": rid}
+    except Exception:  # unknown: maybe charged
+        return {"status": "payment_unknown", "reservation_id": rid}
     async with pool.connection() as conn:
         cur = await conn.execute(
             "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held' RETURNING id",
             (payment_id, rid))
         ok = await cur.fetchone() is not None
+        if not ok:
+            cur = await conn.execute("SELECT status FROM inventory_reservations WHERE id=%s", (rid,))
+            ok = (await cur.fetchone())[0] == "paid"
     return {"status": "paid" if ok else "expired", "reservation_id": rid, "payment_id": payment_id}
 
 """
@@ -842,6 +918,7 @@ WRONG_TRANSFER["postings_second_transaction"] = (TRANSFER_POSTINGS_SECOND_TRANSA
 BUY_CTE_RESERVE = """
 import asyncio
 import psycopg
+from course.idempotency import ChargeDeclined
 from course.inventory import HOLD_SECONDS
 
 async def _existing(pool, key):
@@ -871,17 +948,22 @@ async def buy(pool, sku, buyer, key, pay):
     rid = claimed
     try:
         payment_id = await pay(buyer, sku, rid)
-    except Exception:
+    except ChargeDeclined:
         async with pool.connection() as conn:
             await conn.execute(
                 "WITH r AS (UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING sku) "
                 "UPDATE inventory_items i SET stock = i.stock + 1 FROM r WHERE i.sku = r.sku", (rid,))
         return {"status": "payment_failed", "reservation_id": rid}
+    except Exception:  # unknown: maybe charged
+        return {"status": "payment_unknown", "reservation_id": rid}
     async with pool.connection() as conn:
         cur = await conn.execute(
             "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held'",
             (payment_id, rid))
         status = "paid" if cur.rowcount == 1 else "expired"
+        if status == "expired":
+            cur = await conn.execute("SELECT status FROM inventory_reservations WHERE id=%s", (rid,))
+            status = "paid" if (await cur.fetchone())[0] == "paid" else "expired"
     return {"status": status, "reservation_id": rid, "payment_id": payment_id}
 """
 
@@ -889,6 +971,7 @@ async def buy(pool, sku, buyer, key, pay):
 BUY_ROLLBACK_BY_EXCEPTION = """
 import asyncio
 import psycopg
+from course.idempotency import ChargeDeclined
 from course.inventory import HOLD_SECONDS
 
 async def _existing(pool, key):
@@ -924,18 +1007,23 @@ async def buy(pool, sku, buyer, key, pay):
     rid = claimed
     try:
         payment_id = await pay(buyer, sku, rid)
-    except Exception:
+    except ChargeDeclined:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING id", (rid,))
             if await cur.fetchone() is not None:
                 await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku=%s", (sku,))
         return {"status": "payment_failed", "reservation_id": rid}
+    except Exception:  # unknown: maybe charged
+        return {"status": "payment_unknown", "reservation_id": rid}
     async with pool.connection() as conn:
         cur = await conn.execute(
             "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held' RETURNING id",
             (payment_id, rid))
         ok = await cur.fetchone() is not None
+        if not ok:
+            cur = await conn.execute("SELECT status FROM inventory_reservations WHERE id=%s", (rid,))
+            ok = (await cur.fetchone())[0] == "paid"
     return {"status": "paid" if ok else "expired", "reservation_id": rid, "payment_id": payment_id}
 
 """
@@ -944,6 +1032,7 @@ async def buy(pool, sku, buyer, key, pay):
 BUY_REPEAT_WITHOUT_RESERVATION_ID = """
 import asyncio
 import psycopg
+from course.idempotency import ChargeDeclined
 from course.inventory import HOLD_SECONDS
 
 async def _existing(pool, key):
@@ -973,18 +1062,23 @@ async def buy(pool, sku, buyer, key, pay):
     rid = claimed
     try:
         payment_id = await pay(buyer, sku, rid)
-    except Exception:
+    except ChargeDeclined:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING id", (rid,))
             if await cur.fetchone() is not None:
                 await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku=%s", (sku,))
         return {"status": "payment_failed", "reservation_id": rid}
+    except Exception:  # unknown: maybe charged
+        return {"status": "payment_unknown", "reservation_id": rid}
     async with pool.connection() as conn:
         cur = await conn.execute(
             "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held' RETURNING id",
             (payment_id, rid))
         ok = await cur.fetchone() is not None
+        if not ok:
+            cur = await conn.execute("SELECT status FROM inventory_reservations WHERE id=%s", (rid,))
+            ok = (await cur.fetchone())[0] == "paid"
     return {"status": "paid" if ok else "expired", "reservation_id": rid, "payment_id": payment_id}
 
 """
@@ -992,6 +1086,7 @@ async def buy(pool, sku, buyer, key, pay):
 BUY_PAID_WITHOUT_PAYMENT_ID = """
 import asyncio
 import psycopg
+from course.idempotency import ChargeDeclined
 from course.inventory import HOLD_SECONDS
 
 async def _existing(pool, key):
@@ -1021,21 +1116,50 @@ async def buy(pool, sku, buyer, key, pay):
     rid = claimed
     try:
         payment_id = await pay(buyer, sku, rid)
-    except Exception:
+    except ChargeDeclined:
         async with pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
                 "UPDATE inventory_reservations SET status='released' WHERE id=%s AND status='held' RETURNING id", (rid,))
             if await cur.fetchone() is not None:
                 await conn.execute("UPDATE inventory_items SET stock = stock + 1 WHERE sku=%s", (sku,))
         return {"status": "payment_failed", "reservation_id": rid}
+    except Exception:  # unknown: maybe charged
+        return {"status": "payment_unknown", "reservation_id": rid}
     async with pool.connection() as conn:
         cur = await conn.execute(
             "UPDATE inventory_reservations SET status='paid', payment_id=%s WHERE id=%s AND status='held' RETURNING id",
             (payment_id, rid))
         ok = await cur.fetchone() is not None
+        if not ok:
+            cur = await conn.execute("SELECT status FROM inventory_reservations WHERE id=%s", (rid,))
+            ok = (await cur.fetchone())[0] == "paid"
     return {"status": "paid" if ok else "expired", "reservation_id": rid}
 
 """
+
+# The reference of an earlier edition: any exception from pay releases the unit, a timeout included.
+# A timeout is an unknown outcome: the provider may have charged the card, and the unit is sold again.
+WRONG_BUY["release_on_timeout"] = (
+    BUY_CONDITIONAL.replace("    except ChargeDeclined:\n", "    except Exception:\n").replace(
+        """    except Exception:  # unknown: maybe charged
+        return {"status": "payment_unknown", "reservation_id": rid}
+""",
+        "",
+    ),
+    "unknown outcome",
+)
+
+# The confirm that finds the reservation settled says 'expired' without reading the row: when the
+# reaper found the charge and marked it paid, the caller refunds a purchase that is paid and sold.
+WRONG_BUY["expired_when_reaper_paid"] = (
+    BUY_CONDITIONAL.replace(
+        """            cur = await conn.execute("SELECT status FROM inventory_reservations WHERE id = %s", (rid,))
+            if (await cur.fetchone())[0] != "paid":
+                return {"status": "expired", "reservation_id": rid, "payment_id": payment_id}""",
+        """            return {"status": "expired", "reservation_id": rid, "payment_id": payment_id}""",
+    ),
+    "answer from the row",
+)
 
 WRONG_BUY["repeat_without_reservation_id"] = (BUY_REPEAT_WITHOUT_RESERVATION_ID, "no 'reservation_id'")
 WRONG_BUY["paid_without_payment_id"] = (BUY_PAID_WITHOUT_PAYMENT_ID, "no 'payment_id'")
@@ -1060,6 +1184,7 @@ CORRECT: dict[str, dict[str, str]] = {
         "serializable_retry": TRANSFER_SERIALIZABLE,
         "advisory_locks": TRANSFER_ADVISORY,
         "source_first_with_retry_and_jitter": TRANSFER_RETRY_JITTER,
+        "insert_unique_violation_savepoint": TRANSFER_UNIQUE_VIOLATION,
     },
 }
 

@@ -629,6 +629,28 @@ class ViewCounter:
 
 """
 
+# The counter row looked up with FOR UPDATE and inserted when missing: two first senders of a new
+# conversation both find no row (FOR UPDATE locks nothing that does not exist) and both insert it.
+CREATE_ROW_RACE = """
+async def send_message(pool, conversation_id, sender, body):
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute("SELECT last_seq FROM chat_conversations WHERE id = %s FOR UPDATE", (conversation_id,))
+        row = await cur.fetchone()
+        if row is None:
+            await conn.execute("INSERT INTO chat_conversations (id, last_seq) VALUES (%s, 1)", (conversation_id,))
+            seq = 1
+        else:
+            seq = row[0] + 1
+            await conn.execute("UPDATE chat_conversations SET last_seq = %s WHERE id = %s", (seq, conversation_id))
+        await conn.execute("INSERT INTO chat_messages (conversation_id, seq, sender, body) VALUES (%s, %s, %s, %s)",
+                           (conversation_id, seq, sender, body))
+    return seq
+"""
+
+# The flush overwrites the stored total with the batch's count (a total where a delta belongs).
+OVERWRITES_TOTAL = COUNTER.replace("views = c.views + EXCLUDED.views", "views = EXCLUDED.views")
+assert OVERWRITES_TOTAL != COUNTER
+
 WRONG: dict[str, dict[str, tuple[str, str]]] = {
     "view_counter": {
         "one UPDATE per view": (PER_VIEW, "one write per view"),
@@ -641,6 +663,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "a +1 per buffered view in the flush": (ONE_ROW_PER_VIEW_IN_FLUSH, "the views are not batched"),
         "a ticker in __init__": (TICKER_FAST, "belongs to the service, not to ViewCounter"),
         "a slow ticker in __init__": (TICKER_SLOW, "belongs to the service, not to ViewCounter"),
+        "the flush overwrites the total": (OVERWRITES_TOTAL, "instead of adding it"),
     },
     "send_message": {
         "timestamp as order": (TIMESTAMP, "a timestamp or a global id is not a sequence number"),
@@ -658,6 +681,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "read the counter, write it back": (READ_THEN_WRITE_COUNTER, "all picked the same number"),
         "the refused send returns normally": (SWALLOWED_ERROR, "returned normally, as if the message were stored"),
+        "the counter row created after a lookup": (CREATE_ROW_RACE, "locks no row that does not exist yet"),
     },
 }
 

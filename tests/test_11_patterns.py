@@ -8,7 +8,7 @@ import pytest
 
 from course import chat, counters
 from course import idempotency as idem
-from course.chapters.ch11 import chatting, counting, feeds, notify, rig
+from course.chapters.ch11 import chatting, counting, feeds, flushes, notify, rig
 
 
 async def _setup(ans):
@@ -54,6 +54,37 @@ async def test_11_views_during_a_flush_go_to_the_next_one(ans):
     assert await counters.read_counts(pool) == {"k": 2}
 
 
+async def test_11_flushes_of_the_same_items_in_two_orders_deadlock_only_in_arrival_order(ans):
+    pool = await _setup(ans)
+    crossed = await flushes.crossed_flushes(ans, sorted_=False)
+    ordered = await flushes.crossed_flushes(ans, sorted_=True)
+    assert sum("40P01" in line for line in crossed) == 1
+    assert all(line.endswith("committed") for line in ordered)
+    assert await counters.read_counts(pool, ["dl-a", "dl-b"]) == {"dl-a": 2, "dl-b": 2}
+
+
+async def test_11_a_lost_commit_reply_doubles_a_batch_unless_its_flush_id_is_recorded(ans):
+    pool = await _setup(ans)
+    plain = await flushes.lost_reply(pool, lambda p: counters.BatchedCounter(p, max_views=1000), "lr-1")
+    deduped = await flushes.lost_reply(
+        pool, lambda p: counters.DedupedCounter(p, source="pod-t", max_views=1000), "lr-2"
+    )
+    assert plain["stored"] == 200 and deduped["stored"] == 100
+
+
+async def test_11_a_deduped_counter_retries_a_refused_batch_once_under_its_id(ans):
+    pool = await _setup(ans)
+    c = counters.DedupedCounter(pool, source="pod-r", max_views=100)
+    for item in "ppq":
+        await c.view(item)
+    await rig.fail_view_write(pool, 1)
+    with pytest.raises(Exception, match="refused"):
+        await c.flush()
+    await c.view("q")  # a new view waits behind the sealed batch
+    await c.close()
+    assert await counters.read_counts(pool, ["p", "q"]) == {"p": 2, "q": 2} and c.sealed is None
+
+
 async def test_11_greatest_totals_are_safe_to_repeat_and_never_go_back(ans):
     pool = await _setup(ans)
     await counters.merge_totals(pool, {"v": 10})
@@ -75,6 +106,16 @@ async def test_11_chat_numbers_are_per_conversation_and_unique_under_concurrency
     assert await chat.send_message(pool, "b", "u", "first") == 1
 
 
+async def test_11_a_retried_send_with_its_client_msg_id_gets_the_first_number_and_uses_none(ans):
+    pool = await _setup(ans)
+    first = await chat.send_message(pool, "cm", "u", "hello", client_msg_id="phone-1")
+    again = await asyncio.gather(
+        *(chat.send_message(pool, "cm", "u", "hello", client_msg_id="phone-1") for _ in range(3))
+    )
+    nxt = await chat.send_message(pool, "cm", "u", "next", client_msg_id="phone-2")
+    assert (first, again, nxt) == (1, [1, 1, 1], 2)
+
+
 async def test_11_max_plus_one_collides_and_the_client_fills_gaps(ans):
     pool = await _setup(ans)
     naive = await chatting.race(pool, chatting.racing_max_plus_one(4), "n", senders=4)
@@ -91,6 +132,20 @@ async def test_11_feed_strategies_return_the_same_feeds_at_different_costs(ans):
     write, read, hybrid = runs
     assert read.mean_writes == 1 and write.mean_writes > hybrid.mean_writes > 1
     assert set(read.read_commands) != {1} and set(write.read_commands) == {1}
+
+
+async def test_11_a_feed_page_merges_own_posts_drops_deleted_ids_and_continues_from_its_cursor(ans):
+    redis = ans.redis()
+    g = feeds.make_graph(60, follows=8, celebrities=2, celebrity_share=0.6)
+    user = 10
+    authors = [user, *g.following[user][:6], user, *g.following[user][6:8]]  # ids 1..n; the user posts 1 and 8
+    await feeds.publish_all(redis, "fp", g, authors, threshold=20)
+    await feeds.delete_post(redis, "fp", 3)
+    first, cursor = await feeds.feed_page(redis, "fp", g, user, threshold=20, limit=4)
+    rest, end = await feeds.feed_page(redis, "fp", g, user, threshold=20, before=cursor, limit=20)
+    everything = first + rest
+    assert everything == sorted(everything, reverse=True) and len(set(everything)) == len(everything)
+    assert 1 in everything and 8 in everything and 3 not in everything and end is None
 
 
 async def test_11_notifications_dedup_throttle_retry_and_dead_letter(ans):
@@ -119,6 +174,16 @@ async def test_11_notifications_dedup_throttle_retry_and_dead_letter(ans):
     assert run.count("duplicate") == 1 and run.count("held for quiet hours") == 1
     assert run.count("sent", "otp") == 1 and run.count("failed, will retry") == 2
     assert [d["reason"] for d in run.dead] == ["exhausted"] and run.dead[0]["attempts"] == "3"
+    providers["push"] = notify.Provider("push")  # back up: the dead letter's claim was released, so it goes
+    replay = await notify.run_pipeline(
+        pool, ans.redis(), ans.key_prefix, notify.replayable(run, at=run.end + 1), providers,
+        rates={"sms": (1, 1.0), "push": (1, 1.0), "email": (1, 1.0)},
+    )  # fmt: skip
+    late = await notify.run_pipeline(
+        pool, ans.redis(), ans.key_prefix, [notify.Request("n1", "ann", "otp", run.end + 2)], providers,
+        rates={"sms": (1, 1.0), "push": (1, 1.0), "email": (1, 1.0)},
+    )  # fmt: skip
+    assert replay.count("sent", "comment") == 1 and late.count("duplicate") == 1
 
 
 async def test_11_a_sigterm_flushes_the_batcher_and_loses_nothing(ans):

@@ -8,12 +8,16 @@ module holds what exists to show them:
   every one of them waits on a PostgreSQL lock (the chapter's checks use it too), so a
   read-then-write loses every time, not by luck;
 - the buyers compared in the oversell table (:data:`BUYERS`): read-then-write, conditional
-  update, ``SELECT ... FOR UPDATE`` and SERIALIZABLE with retries, and :func:`oversell`;
+  update, ``SELECT ... FOR UPDATE``, REPEATABLE READ and SERIALIZABLE with bounded retries, and
+  :func:`oversell`;
 - :func:`serializable_load`: N workers buying at once under SERIALIZABLE, aborts counted;
 - :func:`deadlock_demo`: two transfers that lock two accounts in opposite order, step by step;
 - :func:`hot_row_load`: purchases per second on one stock row against stock in buckets;
 - :func:`gate_demo`: the Redis ``DECR`` gate in front of PostgreSQL, a crash between the two,
   and the reconciliation;
+- :class:`CardProvider`: a stand-in payment provider (a decline, a charge whose answer is lost,
+  a buyer who dies) that the reaper can ask what it charged;
+- :func:`bookings_demo`: time slots guarded by an exclusion constraint;
 - the plots of all of these.
 """
 
@@ -29,10 +33,16 @@ from dataclasses import dataclass, field
 import psycopg
 
 from course import inventory
+from course.backoff import FullJitter
+from course.idempotency import ChargeDeclined, SimulatedCrash
 from course.kit.lab import LOCK_WAITERS
 from course.kit.plotting import COLORS, figure, legend_outside
 
 # ----------------------------------------------------------------------------- a race that happens every time
+
+
+#: The wait between two attempts of a transaction PostgreSQL aborted: 1 ms doubling to 50 ms, full jitter.
+RETRY_BACKOFF = FullJitter(base=0.001, cap=0.05)
 
 
 class Race:
@@ -142,15 +152,25 @@ class Tries:
     aborts: int = 0
 
 
-async def buy_serializable(pool, sku: str, tries: Tries | None = None) -> bool:
-    """Read-then-write under SERIALIZABLE: PostgreSQL aborts the losers with 40001; retry them."""
+async def buy_serializable(
+    pool, sku: str, tries: Tries | None = None, *, level: str = "SERIALIZABLE", attempts: int = 30
+) -> bool:
+    """Read-then-write under SERIALIZABLE: PostgreSQL aborts the losers with 40001; retry them.
+
+    ``level="REPEATABLE READ"`` aborts them too: an UPDATE of a row that another transaction
+    changed after this one's snapshot fails with 40001 ("could not serialize access due to
+    concurrent update"), so the lost update cannot happen there either. The retry is bounded
+    (``attempts``) and waits a full-jitter backoff between attempts (chapter 01), so a crowd of
+    losers does not come back at the same instant, and a row that stays contended ends in an
+    error instead of a loop that never gives up.
+    """
     tries = tries if tries is not None else Tries()
     async with pool.connection() as conn:
-        while True:
+        for attempt in range(attempts):
             tries.attempts += 1
             try:
                 async with conn.transaction():
-                    await conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                    await conn.execute(f"SET TRANSACTION ISOLATION LEVEL {ISOLATION[level]}")
                     cur = await conn.execute("SELECT stock FROM inventory_items WHERE sku = %s", (sku,))
                     (stock,) = await cur.fetchone()
                     if stock <= 0:
@@ -161,12 +181,25 @@ async def buy_serializable(pool, sku: str, tries: Tries | None = None) -> bool:
                     return True
             except psycopg.errors.SerializationFailure:
                 tries.aborts += 1
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(RETRY_BACKOFF.delay(attempt))
+    raise AssertionError("unreachable")
+
+
+ISOLATION = {"SERIALIZABLE": "SERIALIZABLE", "REPEATABLE READ": "REPEATABLE READ"}
+
+
+async def buy_repeatable_read(pool, sku: str, tries: Tries | None = None) -> bool:
+    """The same read-then-write under REPEATABLE READ, which also aborts the lost update with 40001."""
+    return await buy_serializable(pool, sku, tries, level="REPEATABLE READ")
 
 
 BUYERS: dict[str, Callable[..., Awaitable[bool]]] = {
     "read, then write": buy_read_then_write,
     "conditional UPDATE": buy_conditional,
     "SELECT ... FOR UPDATE": buy_for_update,
+    "REPEATABLE READ + retry": buy_repeatable_read,
     "SERIALIZABLE + retry": buy_serializable,
 }
 
@@ -187,12 +220,12 @@ class Sale:
 
 async def oversell(ns, pool, strategy: str, *, stock: int = 1, buyers: int = 10) -> Sale:
     """``buyers`` concurrent buyers of ``stock`` units with one strategy, the row held until all wait."""
-    sku = f"demo-{strategy.split()[0].lower()}"
+    sku = "demo-" + "".join(c if c.isalnum() else "-" for c in strategy.lower())
     await inventory.stock_item(pool, sku, stock)
     tries = Tries()
     fn = BUYERS[strategy]
     async with Race(ns, "inventory_items", "sku = %s", (sku,)) as race:
-        if fn is buy_serializable:
+        if fn in (buy_serializable, buy_repeatable_read):
             race.start(fn(pool, sku, tries) for _ in range(buyers))
         else:
             race.start(fn(pool, sku) for _ in range(buyers))
@@ -427,6 +460,93 @@ def plot_hot_row(rates: dict[int, float], workers: int, hold_ms: float):
     return fig
 
 
+# ----------------------------------------------------------------------------- a payment provider for the demo
+
+
+class CardProvider:
+    """A stand-in payment provider for the reservation demo: what it does per buyer, and what it remembers.
+
+    ``pay(buyer, sku, reservation_id)`` is the payment call of :func:`course.inventory.buy` (the
+    reservation id is its idempotency key); ``ask(reservation_id)`` is what the reaper asks: the
+    payment id charged under that key, or None. Per buyer: ``"ok"``; ``"decline"``
+    (``ChargeDeclined``: nothing charged); ``"lost"`` (charged, then the answer is lost on the way
+    back: ``TimeoutError``); ``"dies"`` (the buyer's process dies before the charge).
+    """
+
+    def __init__(self, plan: dict[str, str]) -> None:
+        self.plan = plan
+        self.charged: dict[int, str] = {}
+
+    async def pay(self, buyer: str, sku: str, reservation_id: int) -> str:
+        what = self.plan.get(buyer, "ok")
+        if what == "decline":
+            raise ChargeDeclined(402, "the card was declined (402): nothing was charged")
+        if what == "dies":
+            raise SimulatedCrash("the buyer's process was killed while paying")
+        self.charged[reservation_id] = f"pay-{reservation_id}"
+        if what == "lost":
+            raise TimeoutError("the provider charged the card, but its answer never came back within 5 s")
+        return self.charged[reservation_id]
+
+    async def ask(self, reservation_id: int) -> str | None:
+        return self.charged.get(reservation_id)
+
+
+# ----------------------------------------------------------------------------- time slots: an exclusion constraint
+
+#: A room may not be booked twice for overlapping times, enforced by a GiST index. ``room WITH =``
+#: on a plain integer needs the ``btree_gist`` extension, which this embedded server does not ship;
+#: the room as a one-point range (``int4range(room, room, '[]')``) uses the built-in range opclass.
+BOOKINGS = """
+CREATE TABLE IF NOT EXISTS ch10_bookings (
+    id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    room   integer NOT NULL,
+    guest  text NOT NULL,
+    during tstzrange NOT NULL,
+    CONSTRAINT ch10_no_double_booking EXCLUDE USING gist (int4range(room, room, '[]') WITH =, during WITH &&)
+);
+"""
+
+
+async def bookings_demo(pool, guests: int = 6) -> dict:
+    """``guests`` book room 7 at once for overlapping hours; then a back-to-back slot and another room.
+
+    The exclusion constraint lets one overlapping booking commit and refuses the rest with
+    ``23P01 exclusion_violation``, however the inserts interleave: a waiting insert checks the
+    winner's row once the winner commits. Two inserts that each wrote their row before checking
+    wait for each other, and PostgreSQL breaks that with ``40P01`` (counted in ``"deadlocks"``);
+    the retry then meets the winner's committed row and gets ``23P01``.
+    """
+    async with pool.connection() as conn:
+        await conn.execute(BOOKINGS)
+        await conn.execute("TRUNCATE ch10_bookings")
+    deadlocks = 0
+
+    async def book(room: int, guest: str, start: int, end: int) -> str:
+        nonlocal deadlocks
+        for _ in range(5):
+            try:
+                async with pool.connection() as conn:
+                    await conn.execute(
+                        "INSERT INTO ch10_bookings (room, guest, during) VALUES "
+                        "(%s, %s, tstzrange('2026-03-01'::timestamptz + make_interval(hours => %s), "
+                        "'2026-03-01'::timestamptz + make_interval(hours => %s)))",
+                        (room, guest, start, end),
+                    )
+                return "booked"
+            except psycopg.errors.ExclusionViolation:
+                return "refused (23P01)"
+            except psycopg.errors.DeadlockDetected:  # both checked each other's row: one is aborted, retry it
+                deadlocks += 1
+                await asyncio.sleep(RETRY_BACKOFF.delay(0))
+        return "gave up (40P01 five times)"
+
+    crowd = await asyncio.gather(*(book(7, f"guest-{i}", 10 + i % 2, 12 + i % 2) for i in range(guests)))
+    after = await book(7, "late", 13, 14)  # starts when the 11-13 or 10-12 slot ends or later: no overlap
+    other = await book(8, "elsewhere", 10, 12)
+    return {"crowd": crowd, "back_to_back": after, "other_room": other, "deadlocks": deadlocks}
+
+
 # ----------------------------------------------------------------------------- the Redis gate
 
 
@@ -454,10 +574,8 @@ async def gate_demo(pool, redis, *, stock: int, buyers: int) -> GateRun:
             return
         run.let_through += 1
         run.db_calls += 1
-        if await buy_conditional(pool, sku):
+        if await buy_conditional(pool, sku):  # the database still decides
             run.sold += 1
-        else:  # the database had none: give the gate its unit back
-            await inventory.gate_return(redis, sku)
 
     await asyncio.gather(*(one() for _ in range(buyers)))
     return run

@@ -43,7 +43,7 @@ from autograder.checks.ch10.rig import Contest, install_turnstile
 from autograder.harness import Report, error_line, task
 from course import inventory
 from course.chapters.ch10 import Race
-from course.idempotency import SimulatedCrash
+from course.idempotency import ChargeDeclined, ProviderError, SimulatedCrash
 from course.kit import lab
 
 FLASHES = ((1, 8), (6, 8))  # (units, buyers): with 6 units, a retry given up after fewer than 6 attempts sells fewer
@@ -54,14 +54,37 @@ IN_PROCESS = "state kept in one process is not shared"
 
 
 class Payments:
-    """The ``pay`` the check passes in: records calls; can fail, crash, or let the deadline pass first."""
+    """The ``pay`` the check passes in, and the provider behind it.
+
+    The reservation id is the payment's key at the provider; :meth:`ask` is what the reaper
+    (``course.inventory.release_expired``) asks it: the payment id charged under that key, or None.
+    Each call follows the next step of ``plan`` (default ``"ok"``):
+
+    - ``ok``: charged, the payment id returned; ``decline``: ``ChargeDeclined``, nothing charged;
+    - ``timeout`` / ``reset``: charged, then the answer is lost (``TimeoutError`` / ``ConnectionResetError``);
+      ``503``: ``ProviderError(503)``, nothing charged;
+    - ``crash``: the process dies before the charge (``SimulatedCrash``, a BaseException);
+    - ``reap-ok`` / ``reap-decline``: the payment takes longer than the hold, and the reaper asks the
+      provider before the charge went through (it releases the unit); then the charge succeeds, or
+      is declined;
+    - ``charge-reap-ok``: the charge goes through, the reaper runs before the answer comes back and
+      finds it (the reservation becomes ``paid``); then the payment id is returned.
+    """
 
     def __init__(self, pool=None, probe_db: str | None = None) -> None:
         self.calls: list[tuple] = []
         self.pool = pool
         self.probe_db = probe_db
-        self.plan: list[str] = []  # per call: "ok", "timeout", "crash", "expire-ok", "expire-timeout"
+        self.plan: list[str] = []
+        self.charged: dict = {}  # reservation id -> payment id: the provider's own record
         self.seen_open: list[str] = []
+
+    async def ask(self, reservation_id) -> str | None:
+        return self.charged.get(reservation_id)
+
+    async def reap(self) -> None:
+        far = await _one(self.pool, "SELECT now() + make_interval(secs => %s)", (inventory.HOLD_SECONDS + 60,))
+        await inventory.release_expired(self.pool, self.ask, as_of=far[0])
 
     async def __call__(self, buyer: str, sku: str, reservation_id) -> str:
         self.calls.append((buyer, sku, reservation_id))
@@ -69,14 +92,23 @@ class Payments:
             await self._probe(sku)
         step = self.plan.pop(0) if self.plan else "ok"
         await asyncio.sleep(0)
-        if step.startswith("expire"):  # the payment took longer than the hold: the reaper ran meanwhile
-            far = await _one(self.pool, "SELECT now() + make_interval(secs => %s)", (inventory.HOLD_SECONDS + 60,))
-            await inventory.release_expired(self.pool, as_of=far[0])
-        if step.endswith("timeout"):
-            raise TimeoutError("the payment provider did not answer within 5 s")
+        payment_id = f"pay_{len(self.calls):03d}"
+        if step.startswith("reap"):  # the reaper asked before the charge went through: it released the unit
+            await self.reap()
+        if step.endswith("decline"):
+            raise ChargeDeclined(402, "the card was declined (402): nothing was charged")
+        if step == "503":
+            raise ProviderError(503, "the payment provider answered 503")
         if step == "crash":
             raise SimulatedCrash("the process died while waiting for the payment")
-        return f"pay_{len(self.calls):03d}"
+        self.charged[reservation_id] = payment_id
+        if step == "charge-reap-ok":  # the answer is slow: the reaper finds the charge first
+            await self.reap()
+        if step == "timeout":
+            raise TimeoutError("the payment provider did not answer within 5 s")
+        if step == "reset":
+            raise ConnectionResetError("the connection to the payment provider was reset")
+        return payment_id
 
     async def _probe(self, sku: str) -> None:
         async with await psycopg.AsyncConnection.connect(self.probe_db, autocommit=True) as probe:
@@ -232,25 +264,86 @@ async def _check_flash(r: Report, replicas, pool, ns, stock0: int, n: int) -> No
     )
 
 
+def _masked(got) -> str:
+    """``got`` as a learner reads it, its reservation id shown as ``<its id>`` (the sequence decides it)."""
+    if isinstance(got, dict) and "reservation_id" in got:
+        return (
+            "{" + ", ".join(f"{k!r}: {'<its id>' if k == 'reservation_id' else repr(v)}" for k, v in got.items()) + "}"
+        )
+    return repr(got)
+
+
+def _said(got) -> str:
+    return f"raised {error_line(got)}" if isinstance(got, BaseException) else f"returned {_masked(got)}"
+
+
+#: The unknown outcomes buy meets: (plan step, what pay raised, whether the provider had charged).
+UNKNOWN = (
+    ("timeout", "TimeoutError", True),
+    ("503", "ProviderError(503)", False),
+    ("reset", "ConnectionResetError", True),
+)
+
+
 async def _check_payment_failures(r: Report, buy, pool) -> None:
-    # --- the payment times out: the unit goes back at once ------------------------------------
+    # --- a definite decline: the unit goes back at once ------------------------------------------
     await inventory.stock_item(pool, "lamp", 1)
     pay = Payments(pool)
-    pay.plan = ["timeout"]
+    pay.plan = ["decline"]
     got = await _call_buy(buy, pool, "lamp", "cy", "cy-1", pay)
     stock, res = await _stock(pool, "lamp"), await _reservations(pool, "lamp")
     r.expect(
         _status(got) == "payment_failed" and stock == 1 and res == {"released": 1},
-        "pay raised TimeoutError: buy returned 'payment_failed', the reservation is 'released', stock back to 1",
-        f"pay raised TimeoutError: buy {'raised ' + error_line(got) if isinstance(got, BaseException) else f'returned {got!r}'}"
-        f", reservations {res}, stock {stock}; expected {{'status': 'payment_failed', ...}}, the reservation "
-        "'released' and the unit back in stock (1) for the next buyer",
+        "pay raised ChargeDeclined: buy returned 'payment_failed', the reservation is 'released', stock back to 1",
+        f"pay raised ChargeDeclined (the provider answered that it did not charge): buy {_said(got)}, reservations "
+        f"{res}, stock {stock}; expected {{'status': 'payment_failed', ...}}, the reservation 'released' and the "
+        "unit back in stock (1) for the next buyer",
     )
     got = await _call_buy(buy, pool, "lamp", "dee", "dee-1", pay)
     r.expect(
         _status(got) == "paid",
         "the next buyer then bought it ('paid')",
-        f"the next buyer then got {got!r}; expected 'paid' (the unit should be back on sale)",
+        f"the next buyer then got {_masked(got)}; expected 'paid' (the unit should be back on sale)",
+    )
+
+    # --- an unknown outcome: the unit stays held, and the reaper settles it with the provider ------
+    for step, raised, charged in UNKNOWN:
+        sku = f"bell-{step}"
+        await inventory.stock_item(pool, sku, 1)
+        pay.plan = [step]
+        got = await _call_buy(buy, pool, sku, "eli", f"eli-{step}", pay)
+        stock, res = await _stock(pool, sku), await _reservations(pool, sku)
+        if res.get("released") or stock:
+            r.fail(
+                f"pay raised {raised}: buy {_said(got)} and gave the unit back (reservations {res}, stock {stock}). "
+                "That is an unknown outcome, not a decline: the provider may have charged the card"
+                f"{' (it did, here)' if charged else ''}, and the unit would then be sold to the next buyer as "
+                "well. Release only on ChargeDeclined; keep the reservation 'held' and return "
+                "{'status': 'payment_unknown', ...}: the reaper asks the provider under the same key"
+            )
+        r.expect(
+            _status(got) == "payment_unknown" and res == {"held": 1},
+            f"pay raised {raised}: buy returned 'payment_unknown' and kept the reservation 'held' (stock 0)",
+            f"pay raised {raised}: buy {_said(got)}, reservations {res}, stock {stock}; expected "
+            "{'status': 'payment_unknown', 'reservation_id': ...} and the reservation still 'held' with its unit",
+        )
+    far = await _one(pool, "SELECT now() + make_interval(secs => %s)", (inventory.HOLD_SECONDS + 60,))
+    reaped = await inventory.release_expired(pool, pay.ask, as_of=far[0])
+    settled = {step: await _reservations(pool, f"bell-{step}") for step, _, _ in UNKNOWN}
+    want = {step: ({"paid": 1} if charged else {"released": 1}) for step, _, charged in UNKNOWN}
+    r.expect(
+        settled == want,
+        "after the deadline the reaper asked the provider: the two charged reservations became 'paid', the "
+        "uncharged one 'released'",
+        f"after the deadline the reaper asked the provider (charged under the timed-out and the reset keys, not "
+        f"under the 503's) and left {settled} (it settled {len(reaped.paid)} paid, {len(reaped.released)} "
+        f"released); expected {want}"
+        + (
+            ": the reaper found none of them past its deadline a minute after HOLD_SECONDS; set "
+            "expires_at = now() + HOLD_SECONDS when you reserve"
+            if all(v == {"held": 1} for v in settled.values())
+            else ""
+        ),
     )
 
     # --- the process dies during the payment: the reaper returns the unit after the deadline ----
@@ -269,43 +362,57 @@ async def _check_payment_failures(r: Report, buy, pool) -> None:
         "SELECT now() + make_interval(secs => %s), now() + make_interval(secs => %s)",
         (inventory.HOLD_SECONDS - 60, inventory.HOLD_SECONDS + 60),
     )
-    early = await inventory.release_expired(pool, as_of=soon)
-    on_time = await inventory.release_expired(pool, as_of=late)
+    early = await inventory.release_expired(pool, pay.ask, as_of=soon)
+    on_time = await inventory.release_expired(pool, pay.ask, as_of=late)
     stock = await _stock(pool, "kite")
     r.expect(
-        not early and len(on_time) == 1 and stock == 1,
+        not early.released and len(on_time.released) == 1 and stock == 1,
         f"the reaper left it alone a minute before the deadline and returned it a minute after "
         f"(HOLD_SECONDS = {inventory.HOLD_SECONDS:g})",
-        f"the reaper (course.inventory.release_expired) released {len(early)} reservation(s) a minute before the "
-        f"deadline and {len(on_time)} a minute after it (stock now {stock}); expected 0, then 1: set "
-        "expires_at = now() + HOLD_SECONDS when you reserve",
+        f"the reaper (course.inventory.release_expired) released {len(early.released)} reservation(s) a minute "
+        f"before the deadline and {len(on_time.released)} a minute after it (stock now {stock}); expected 0, then "
+        "1: set expires_at = now() + HOLD_SECONDS when you reserve",
     )
 
     # --- the deadline passes while the buyer waits for the payment -------------------------------
     await inventory.stock_item(pool, "drum", 1)
-    pay.plan = ["expire-timeout"]
-    await _call_buy(buy, pool, "drum", "fay", "fay-1", pay)
+    pay.plan = ["reap-decline"]
+    got = await _call_buy(buy, pool, "drum", "fay", "fay-1", pay)
     stock, res = await _stock(pool, "drum"), await _reservations(pool, "drum")
     r.expect(
         stock == 1 and res == {"released": 1},
-        "the reaper released the reservation while pay ran, then pay timed out: the unit came back once (stock 1)",
-        f"the reaper released the reservation while pay ran, then pay timed out: stock {stock}, reservations {res}; "
-        "expected stock 1. The unit was given back twice: release only a reservation that is still held "
-        "(UPDATE ... SET status = 'released' WHERE id = %s AND status = 'held' RETURNING, then stock + 1 if a row "
-        "came back)",
+        "the reaper released the reservation while pay ran, then the card was declined: the unit came back once "
+        "(stock 1)",
+        f"the reaper released the reservation while pay ran, then the card was declined: buy {_said(got)}, stock "
+        f"{stock}, reservations {res}; expected stock 1. The unit was given back twice: release only a reservation "
+        "that is still held (UPDATE ... SET status = 'released' WHERE id = %s AND status = 'held' RETURNING, then "
+        "stock + 1 if a row came back)",
     )
     await inventory.stock_item(pool, "harp", 1)
-    pay.plan = ["expire-ok"]
+    pay.plan = ["reap-ok"]
     got = await _call_buy(buy, pool, "harp", "gus", "gus-1", pay)
     stock, res = await _stock(pool, "harp"), await _reservations(pool, "harp")
     r.expect(
         res == {"released": 1} and stock == 1 and _status(got) == "expired",
-        "the reaper released the reservation while pay ran, then pay succeeded: buy returned 'expired' (refund it), "
-        "the unit stays on sale",
-        f"the reaper released the reservation while pay ran, then pay succeeded: buy returned {got!r}, reservations "
-        f"{res}, stock {stock}; expected {{'status': 'expired', ...}}, the reservation still 'released' and stock 1. "
-        "Confirm only a reservation that is still held (... WHERE id = %s AND status = 'held'): otherwise the unit "
-        "is both paid for and back on sale",
+        "the reaper released the reservation before the charge went through, then pay succeeded: buy returned "
+        "'expired' (refund it), the unit stays on sale",
+        f"the reaper released the reservation before the charge went through, then pay succeeded: buy "
+        f"{_said(got)}, reservations {res}, stock {stock}; expected {{'status': 'expired', ...}}, the reservation still "
+        "'released' and stock 1. Confirm only a reservation that is still held (... WHERE id = %s AND status = "
+        "'held'): otherwise the unit is both paid for and back on sale",
+    )
+    await inventory.stock_item(pool, "oboe", 1)
+    pay.plan = ["charge-reap-ok"]
+    got = await _call_buy(buy, pool, "oboe", "hew", "hew-1", pay)
+    stock, res = await _stock(pool, "oboe"), await _reservations(pool, "oboe")
+    r.expect(
+        res == {"paid": 1} and stock == 0 and _status(got) == "paid",
+        "the charge went through and the reaper found it before pay returned: buy returned 'paid', the unit stays sold",
+        f"the charge went through, and the reaper asked the provider before pay returned, found the charge and "
+        f"marked the reservation 'paid'; then buy {_said(got)} (reservations {res}, stock {stock}). Expected "
+        "{'status': 'paid', ...}: the purchase is paid and its unit sold, and 'expired' would make the caller "
+        "refund it. When the confirm finds the reservation no longer held, answer from the row: 'paid' if it is "
+        "paid, 'expired' if it was released",
     )
 
 
@@ -330,22 +437,25 @@ def _shape(want: dict) -> str:
 async def _check_answers(r: Report, buy, pool) -> None:
     # --- what buy returns, key by key, and what a repeat of each kind of key returns ---------------
     sku = "shape"
-    await inventory.stock_item(pool, sku, 2)
+    await inventory.stock_item(pool, sku, 4)
     pay = Payments()
     r.note(
-        "one purchase that pays, one whose payment times out, one whose process dies in pay; then a repeat of each key"
+        "one purchase that pays, one whose card is declined, one whose payment times out, one whose process dies in "
+        "pay; then a repeat of each key"
     )
-    pay.plan = ["ok", "timeout", "crash"]
+    pay.plan = ["ok", "decline", "timeout", "crash"]
+    buyers = ("hal", "ian", "kim", "jo")
     first = {}
-    for buyer in ("hal", "ian", "jo"):
+    for buyer in buyers:
         first[buyer] = await _call_buy(buy, pool, sku, buyer, f"{buyer}-1", pay)
-    rows = {buyer: await _stored(pool, f"{buyer}-1") for buyer in ("hal", "ian", "jo")}
+    rows = {buyer: await _stored(pool, f"{buyer}-1") for buyer in buyers}
     if not all(rows.values()):
-        r.fail(f"after three purchases of '{sku}' the reservations are {rows}; expected one per key")
-    (hal_id, _, hal_pay), (ian_id, _, _), (jo_id, _, _) = rows["hal"], rows["ian"], rows["jo"]
+        r.fail(f"after four purchases of '{sku}' the reservations are {rows}; expected one per key")
+    (hal_id, _, hal_pay), (ian_id, _, _), (kim_id, _, _), (jo_id, _, _) = (rows[b] for b in buyers)
     for buyer, want in (
         ("hal", {"status": "paid", "reservation_id": hal_id, "payment_id": hal_pay}),
         ("ian", {"status": "payment_failed", "reservation_id": ian_id}),
+        ("kim", {"status": "payment_unknown", "reservation_id": kim_id}),
     ):
         wrong = _answers(first[buyer], want)
         r.expect(
@@ -358,6 +468,7 @@ async def _check_answers(r: Report, buy, pool) -> None:
     for buyer, want in (
         ("hal", {"status": "paid", "reservation_id": hal_id}),
         ("ian", {"status": "released", "reservation_id": ian_id}),
+        ("kim", {"status": "held", "reservation_id": kim_id}),
         ("jo", {"status": "held", "reservation_id": jo_id}),
     ):
         got = await _call_buy(buy, pool, sku, buyer, f"{buyer}-1", pay)

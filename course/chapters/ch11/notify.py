@@ -4,7 +4,11 @@ The pipeline is built from earlier chapters' patterns, by import: chapter 03's c
 (:func:`course.idempotency.claim`) deduplicates per notification and channel, chapter 08's
 token bucket (:class:`course.ratelimit.TokenBucket`, in Redis, with the time passed in)
 paces each provider, chapter 01's full-jitter backoff spaces the retries, and chapter 05's
-dead-letter entry (:func:`course.messaging.dlq_entry`) records what could not be sent.
+dead-letter entry (:func:`course.messaging.dlq_entry`) records what could not be sent. A claim is
+completed when the provider accepted the message and released when it is dead-lettered, so a
+replay (:func:`replayable`) or the caller's retry can send it; a claim left pending by a crash is
+chapter 03's reaper's work. Delivery is therefore at least once, and a duplicate is dropped only
+once its first copy was sent.
 Quiet hours hold back what is not urgent; a priority order sends one-time codes first.
 
 Time is a number the loop advances (each provider call takes ``call_time`` seconds of it),
@@ -47,6 +51,7 @@ class Job:
     request: Request
     ready: float
     seq: int
+    claim: str = ""  # its key in chapter 03's idempotency_keys: completed when sent, released when dead
     attempts: int = 0
     first_failed: float | None = None
 
@@ -102,13 +107,14 @@ async def run_pipeline(
     jobs: list[Job] = []
     for i, req in enumerate(sorted(requests, key=lambda r: r.at)):
         body = {"user": req.user, "kind": req.kind}
-        if not await idem.claim(pool, f"{prefix}:{req.key}:{req.channel}", idem.request_hash(body), body):
+        claim = f"{prefix}:{req.key}:{req.channel}"
+        if not await idem.claim(pool, claim, idem.request_hash(body), body):
             run.events.append((req.at, "duplicate", req.kind, req.key))
             continue
         if req.priority > 0 and quiet(req.local_hour):
             run.events.append((req.at, "held for quiet hours", req.kind, req.key))  # sent at 07:00 local
             continue
-        jobs.append(Job(req, req.at, i))
+        jobs.append(Job(req, req.at, i, claim))
     buckets = {ch: TokenBucket(redis, cap, rate, prefix=f"{prefix}:tb") for ch, (cap, rate) in rates.items()}
     now = 0.0
     while jobs:
@@ -125,7 +131,9 @@ async def run_pipeline(
             if not decision.allowed:
                 waits.append(decision.retry_after)
                 continue
-            await _attempt(job, providers[ch], now, run, jobs, redis, prefix, max_attempts, backoff, rand)
+            await _attempt(
+                job, providers[ch], now, run, jobs, pool, redis, prefix, max_attempts, backoff, rand
+            )
             now += call_time
             sent_one = True
             break
@@ -141,6 +149,7 @@ async def _attempt(
     now: float,
     run: Run,
     jobs: list[Job],
+    pool,
     redis,
     prefix: str,
     max_attempts: int,
@@ -173,6 +182,9 @@ async def _attempt(
                 reason="permanent" if permanent else "exhausted",
             )
             await redis.xadd(f"{prefix}:notify:dlq", entry)
+            await idem.release(
+                pool, job.claim
+            )  # not sent: a replay (or the caller's retry) may claim it again
             run.dead.append(entry)
             run.events.append((now, "dead-lettered", req.kind, req.key))
             jobs.remove(job)
@@ -180,8 +192,19 @@ async def _attempt(
         job.ready = now + backoff.delay(job.attempts - 1, rand=rand.random)
         run.events.append((now, "failed, will retry", req.kind, req.key))
         return
+    await idem.complete(pool, job.claim, {"sent_at": now})  # done: a repeat from now on is a duplicate
     run.events.append((now, "sent", req.kind, req.key))
     jobs.remove(job)
+
+
+def replayable(run: Run, at: float) -> list[Request]:
+    """The dead letters worth sending again (retries exhausted; a permanent error would fail again),
+    as requests arriving at ``at``: chapter 05's replay, once the provider is back."""
+    return [
+        Request(entry["id"], entry["key"], entry["type"], at)
+        for entry in run.dead
+        if entry["reason"] == "exhausted"
+    ]
 
 
 def workload(

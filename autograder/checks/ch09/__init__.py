@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from datetime import timedelta
 
 from autograder.harness import Report, cell_source, error_line, task
@@ -30,142 +29,7 @@ from course.chapters.ch09 import EPOCH, setup_posts
 from course.kit import lab
 from course.pagination import InvalidCursor
 
-try:
-    from autograder.rules import Rule
-except ImportError:  # the grader-rules module is not in this tree yet: the same interface
-
-    @dataclass(frozen=True)
-    class Rule:
-        text: str
-        check: str
-        wrong: str | None = None
-        not_graded: bool = False
-
-
 NEWEST_FIRST = "ORDER BY created_at DESC, id DESC"
-
-RULES: dict[str, list[Rule]] = {
-    "keyset_page": [
-        Rule(
-            "Rows that share one `created_at` are never skipped or repeated at a page boundary",
-            "check_keyset_page: 23 rows in ties of 3 read 5 at a time on a quiet table; rows missing or twice "
-            "around a boundary inside a tie are named",
-            "no_tie_breaker",
-        ),
-        Rule(
-            "A page never starts with the last row of the page before",
-            "check_keyset_page: the quiet walk; a repeated row that ended the page before is reported as a "
-            "non-strict comparison",
-            "lte_repeats",
-        ),
-        Rule(
-            "`next_cursor` is `None` when no row follows the last one returned",
-            "check_keyset_page: exactly 20 rows at limit 5 must take four calls; a fifth, empty page is reported",
-            "no_limit_plus_one",
-        ),
-        Rule(
-            "Pages never skip or repeat a row while other sessions insert and delete rows between two calls",
-            "check_keyset_page: between pages the check inserts newer rows and deletes rows already read; "
-            "repeats and skips against the rows that existed throughout are reported",
-            "offset_pages",
-        ),
-        Rule(
-            "The cursor still works after the row it was made from is deleted",
-            "check_keyset_page: the row that ended page 3 is deleted before page 4 is read; an empty or short "
-            "page 4 is reported",
-            "id_only_cursor",
-        ),
-        Rule(
-            "a row deleted before its page is read is not returned",
-            "check_keyset_page: two rows not yet read are deleted; returning them is reported",
-            "materialised_snapshot",
-        ),
-        Rule(
-            "a cursor that was altered in any way, or is not one of yours, raises `InvalidCursor`",
-            "check_keyset_page: sixteen one-character changes of a real cursor and two strings that are not cursors "
-            "must each raise InvalidCursor (or, where the change left the decoded bytes alone, return page 2 unchanged)",
-            "unsigned_cursor",
-        ),
-        Rule(
-            "any replica of the service reads the cursors that another replica made",
-            "check_keyset_page: pages alternate between two replicas of the answer cell",
-            "per_process_secret",
-        ),
-        Rule(
-            "Many rows share one `created_at`, and ids are not in time order",
-            "check_keyset_page: 23 rows in ties of 3 with shuffled ids read 5 at a time; rows missing or twice around a tie are named",
-            wrong="no_tie_breaker",
-        ),
-        Rule(
-            "rows is a list of at most limit tuples",
-            "check_keyset_page: exactly 20 rows at limit 5 must take four pages of at most 5 rows and no fifth, empty page",
-            wrong="no_limit_plus_one",
-        ),
-        Rule(
-            "`created_at` has microseconds, and rows a fraction of a second apart are common",
-            "check_keyset_page: the rows' created_at values are 0.250001 s apart (ties in one second); a cursor "
-            "without the microseconds lands inside its own second and repeats or skips rows",
-            "cursor_drops_microseconds",
-        ),
-        Rule(
-            "Putting a version number in the cursor is good practice; it is not graded",
-            "check_keyset_page: not checked (the text says it is not graded)",
-            not_graded=True,
-        ),
-    ],
-    "hash_ring": [
-        Rule(
-            "When an eleventh node joins ten, only about 1/11 of the keys move",
-            "check_hash_ring: 10,000 keys, 10 -> 11 nodes; moved share must lie in [4.5 %, 16 %]",
-            "modulo",
-        ),
-        Rule(
-            "every key that moves, moves to the new node",
-            "check_hash_ring: keys that moved between old nodes are counted",
-            "rebuilt_sorted_by_index",
-        ),
-        Rule(
-            "Each of ten nodes gets within 65 % of the mean share of keys",
-            "check_hash_ring: 10,000 keys over 10 nodes; the worst node's distance from the mean is reported",
-            "one_point_per_node",
-        ),
-        Rule(
-            "Placement depends only on the node names and the key, not on the order nodes were added in",
-            "check_hash_ring: rings built in opposite orders must agree on every key",
-            "order_dependent",
-        ),
-        Rule(
-            "Two processes of the service, started separately, place every key on the same node",
-            "check_hash_ring: two fresh Python processes with PYTHONHASHSEED=1 and =2 must agree",
-            "python_hash",
-        ),
-        Rule(
-            "Removing a node moves only the keys that were on it",
-            "check_hash_ring: node-3 removed from 11 nodes; keys of other nodes that moved are counted",
-            "remove_reshuffles",
-        ),
-        Rule(
-            "a consistent-hash ring with virtual nodes",
-            "check_hash_ring: HashRing() with add_node/node_for; 10,000 keys over 10 nodes must lie within 65 % of the mean",
-            wrong="one_point_per_node",
-        ),
-        Rule(
-            "the node that owns key",
-            "check_hash_ring: node_for must return one of the ring's nodes, the same one when asked again, and keep keys when nodes join",
-            wrong="modulo",
-        ),
-        Rule(
-            "Python's built-in hash() of a string is different in every process",
-            "check_hash_ring: two fresh Python processes with PYTHONHASHSEED=1 and =2 must agree",
-            wrong="python_hash",
-        ),
-    ],
-}
-
-REFERENCES: dict[str, list[str]] = {
-    "keyset_page": ["course.chapters.ch09.pages:posts_page", "course.pagination:fetch_page"],
-    "hash_ring": ["course.sharding:HashRing"],
-}
 
 #: The secret the notebook's setup cell gives the learner as ``CURSOR_SECRET``.
 CURSOR_SECRET = b"ch09: every replica of the feed service shares this secret"
@@ -259,6 +123,41 @@ async def _walk(r: Report, fns, pool, limit: int, between=None, max_pages: int =
     return pages
 
 
+def _reference_calls(fn) -> list[str]:
+    """The course's reference pagers (``fetch_page``, ``posts_page``) that ``fn``'s cell names, by the cell's AST."""
+    import ast
+
+    found = cell_source(fn)
+    if found is None:
+        return []
+    try:
+        tree = ast.parse(found[1])
+    except SyntaxError:
+        return []
+    names = {"fetch_page", "posts_page"}
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in names:
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in names:
+            used.add(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            used.update(a.name for a in node.names if a.name in names)
+    return sorted(used)
+
+
+async def _serves_page_one(keyset_page, pool, page1: list) -> bool:
+    """Whether a string that is no cursor at all gets page 1: a refusal swallowed, not a forged position."""
+    try:
+        out = await keyset_page(pool, "not-a-cursor", 5)
+    except Exception:  # noqa: BLE001 - raising is what a refusal should do
+        return False
+    try:
+        return _ids(out[0]) == page1
+    except (TypeError, KeyError, IndexError):
+        return False
+
+
 def _pages_text(pages: list[list]) -> str:
     return " | ".join(" ".join(str(x) for x in p) for p in pages)
 
@@ -301,6 +200,12 @@ async def check_keyset_page(r: Report, keyset_page) -> None:
 
 
 async def _check_keyset_page(r: Report, keyset_page, pool) -> None:
+    called = _reference_calls(keyset_page)
+    if called:
+        r.fail(
+            f"keyset_page's cell calls the course's own {', '.join(called)}, the chapter's reference answer: write "
+            "the query yourself (CursorCodec from course.pagination may still make the cursor)"
+        )
     table = Table(pool, r.random)
 
     # --- a quiet table: 23 rows, ties of 3, 5 a page ---------------------------------------
@@ -319,6 +224,14 @@ async def _check_keyset_page(r: Report, keyset_page, pool) -> None:
                 f"{seen}. Rows {repeated} each ended a page and came again at the top of the next: the comparison "
                 "is not strict (<= repeats the cursor's own row). Continue strictly after it: "
                 "(created_at, id) < (%s, %s)"
+            )
+        end_times = {table.when[x] for x in ends}
+        if repeated and all(table.when[x] in end_times for x in repeated):
+            r.fail(
+                f"{seen}. Repeated {repeated}, skipped {skipped or 'none'}: rows tied with the last row of a page "
+                "came again on the next one, so the tie-breaker is there but runs the other way: ORDER BY says "
+                "id DESC and the seek condition goes to larger ids (id > %s). Compare in the direction you sort: "
+                "(created_at, id) < (%s, %s) with ORDER BY created_at DESC, id DESC"
             )
         if repeated or skipped:
             r.fail(
@@ -350,6 +263,7 @@ async def _check_keyset_page(r: Report, keyset_page, pool) -> None:
     # --- tampered and foreign cursors ------------------------------------------------------------
     await table.fill(23)
     rows, cursor = await keyset_page(pool, None, 5)
+    page1 = _ids(rows)
     changes = _mutations(cursor, r.random, 16)
     r.note(f"a real cursor for page 2, changed one character at a time, {len(changes)} times, spread over its")
     r.note("length (a change that leaves the decoded bytes as they were, in unused bits of base64, may return")
@@ -367,6 +281,13 @@ async def _check_keyset_page(r: Report, keyset_page, pool) -> None:
             )
         if _ids(out[0]) == page2:  # e.g. base64's unused low bits at the end of a segment: same bytes, same page
             continue
+        if _ids(out[0]) == page1 and await _serves_page_one(keyset_page, pool, page1):
+            r.fail(
+                f"character {pos} changed ({cursor[pos]!r} -> {bad[pos]!r}): keyset_page returned page 1 again "
+                f"({page1}) instead of raising InvalidCursor. The signature check refused it, then the refusal was "
+                "swallowed: a client with a broken cursor silently starts over and reads page 1 twice. Let "
+                "InvalidCursor reach the caller (the API answers 400)"
+            )
         r.fail(
             f"character {pos} changed ({cursor[pos]!r} -> {bad[pos]!r}): the altered cursor was accepted and "
             f"returned rows {_ids(out[0])} instead of page 2's {page2}. A client can forge any position: sign the "
@@ -379,7 +300,11 @@ async def _check_keyset_page(r: Report, keyset_page, pool) -> None:
             continue
         except Exception as err:  # noqa: BLE001 - reported
             r.fail(f"cursor {junk!r}: raised {error_line(err, 80)}, expected InvalidCursor")
-        r.fail(f"cursor {junk!r} was accepted and returned {_ids(out[0])}, expected InvalidCursor")
+        served_first = _ids(out[0]) == page1
+        r.fail(
+            f"cursor {junk!r} was accepted and returned {_ids(out[0])}, expected InvalidCursor"
+            + (": that is page 1 again; a refused cursor must raise, not start over" if served_first else "")
+        )
     r.ok(f"{len(changes)} altered cursors and 2 strings that are not cursors: each refused with InvalidCursor")
 
     # --- writers between pages, two replicas ---------------------------------------------------------
@@ -516,22 +441,73 @@ def _build(HashRing, nodes):
     return ring
 
 
+def _placed(r: Report, ring, keys: list[str], what: str) -> list:
+    """``ring.node_for`` of every key; a key that raises fails the check with the likely cause."""
+    try:
+        return each(ring.node_for, keys)  # one round trip when the answer runs in a process of its own
+    except Exception:  # noqa: BLE001, S110 - found again below, key by key, and explained
+        pass
+    out = []
+    for key in keys:
+        try:
+            out.append(ring.node_for(key))
+        except Exception as err:  # noqa: BLE001 - reported with its cause
+            r.fail(f"{what}: node_for({key!r}) raised {error_line(err, 80)}{_why_raised(err, what)}")
+    return out
+
+
+def _why_raised(err: Exception, what: str) -> str:
+    if isinstance(err, IndexError):
+        return (
+            ". A key whose hash is past the last point belongs to the first point: the ring wraps around "
+            "(index % len(points) after the bisect)"
+        )
+    if isinstance(err, KeyError) and "removed" in what:
+        return (
+            ". The bisect found a position whose node is no longer recorded: remove_node dropped the node from "
+            "one structure and left its points in another. Remove the node's points everywhere you keep them"
+        )
+    if isinstance(err, KeyError):
+        return ". The bisect found a position with no node recorded for it: keep positions and owners together"
+    return ""
+
+
+def _imbalance_cause(held: int, nodes: int) -> str:
+    if held >= 50 * nodes:
+        return (
+            f". The ring keeps {held:,} entries ({held // nodes} per node), so points are not what is missing: the "
+            "keys land in one narrow stretch of the circle. Hash keys and points into the same range (both into "
+            "64 bits, or both into 32): a key hashed into 32 bits sorts before almost every 64-bit point and goes "
+            "to the owner of the first points"
+        )
+    return (
+        ". With one point per node the arcs are very unequal: give each node 100-200 points (virtual nodes), each "
+        "hashed from the node's name and its number"
+    )
+
+
+def _points_held(ring) -> int:
+    """The size of the largest list, dict, tuple or set the ring keeps (its points, in any sane layout)."""
+    sizes = [len(v) for v in vars(ring).values() if isinstance(v, (list, dict, tuple, set))]
+    return max(sizes, default=0)
+
+
 @task(
     "hash_ring", points=5, title="a consistent-hash ring with virtual nodes", needs=("HashRing",), timeout=60, seed=911
 )
 async def check_hash_ring(r: Report, HashRing) -> None:
     ring = _build(HashRing, NODES[:4])
     sample = KEYS[:1000]
-    first = each(ring.node_for, sample)
+    first = _placed(r, ring, sample, "4 nodes, 1,000 keys")
     strange = sorted({n for n in first if n not in NODES[:4]})
     r.expect(not strange, "4 nodes: node_for returned one of them for 1,000 keys", f"node_for returned {strange[:3]}")
-    again = each(ring.node_for, sample)
+    again = _placed(r, ring, sample, "4 nodes, the same keys again")
     r.expect(again == first, "asked again, every key went to the same node", "asked twice, some keys changed node")
     if r.public:
         return
 
     ten = await asyncio.to_thread(_build, HashRing, NODES)
-    before = await asyncio.to_thread(lambda: each(ten.node_for, KEYS))
+    before = await asyncio.to_thread(_placed, r, ten, KEYS, "10 nodes, 10,000 keys")
     counts = {n: before.count(n) for n in NODES}
     mean = len(KEYS) / len(NODES)
     worst = max(NODES, key=lambda n: abs(counts[n] - mean))
@@ -544,12 +520,11 @@ async def check_hash_ring(r: Report, HashRing) -> None:
         f"10 nodes, 10,000 keys: the worst node ({worst}, {counts[worst]:,} keys) is {dev:.0%} from the mean of "
         f"{mean:,.0f}",
         f"10 nodes, 10,000 keys: {worst} got {counts[worst]:,} keys, {dev:.0%} from the mean of {mean:,.0f} "
-        f"(loads {sorted(counts.values())}). With one point per node the arcs are very unequal: give each node "
-        "100-200 points (virtual nodes), each hashed from the node's name and its number",
+        f"(loads {sorted(counts.values())})" + _imbalance_cause(_points_held(ten), len(NODES)),
     )
 
     backwards = await asyncio.to_thread(_build, HashRing, NODES[::-1])
-    other = await asyncio.to_thread(lambda: each(backwards.node_for, KEYS))
+    other = await asyncio.to_thread(_placed, r, backwards, KEYS, "10 nodes added in the opposite order")
     differ = sum(a != b for a, b in zip(before, other, strict=True))
     r.expect(
         differ == 0,
@@ -559,7 +534,7 @@ async def check_hash_ring(r: Report, HashRing) -> None:
     )
 
     copy = await asyncio.to_thread(_build, r.replicas("HashRing", 1)[0], NODES)
-    theirs = await asyncio.to_thread(lambda: each(copy.node_for, KEYS))
+    theirs = await asyncio.to_thread(_placed, r, copy, KEYS, "a second replica, 10 nodes")
     r.expect(theirs == before, "a second replica of the answer cell agrees on every key", "a second replica disagrees")
 
     r.note("two fresh Python processes, PYTHONHASHSEED=1 and PYTHONHASHSEED=2, each builds the 10-node ring")
@@ -578,7 +553,7 @@ async def check_hash_ring(r: Report, HashRing) -> None:
     )
 
     ten.add_node("node-10")
-    after = await asyncio.to_thread(lambda: each(ten.node_for, KEYS))
+    after = await asyncio.to_thread(_placed, r, ten, KEYS, "node-10 joined")
     moved = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
     share = len(moved) / len(KEYS)
     sideways = sum(b != "node-10" for a, b in moved)
@@ -600,7 +575,7 @@ async def check_hash_ring(r: Report, HashRing) -> None:
         )
 
     ten.remove_node("node-3")
-    gone = await asyncio.to_thread(lambda: each(ten.node_for, KEYS))
+    gone = await asyncio.to_thread(_placed, r, ten, KEYS, "node-3 removed")
     wrongly = sum(a != b for a, b in zip(after, gone, strict=True) if a != "node-3")
     left = sum(g == "node-3" for g in gone)
     r.expect(
@@ -609,6 +584,9 @@ async def check_hash_ring(r: Report, HashRing) -> None:
         f"node-3 removed: {left:,} keys still on it, {wrongly:,} keys of other nodes moved; remove only node-3's "
         "points and leave every other point where it was",
     )
+
+
+from autograder.checks.ch09.rules import REFERENCES, RULES  # noqa: E402,F401 - the rule tables, beside the checks
 
 #: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
 #: starts them together and runs every cell in each (autograder/session.py).
