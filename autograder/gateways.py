@@ -64,9 +64,9 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         while data := await src.read(65536):
             dst.write(data)
             await dst.drain()
+        if dst.can_write_eof():
+            dst.write_eof()
     except (OSError, RuntimeError, asyncio.IncompleteReadError):
-        pass
-    finally:
         dst.close()
 
 

@@ -49,6 +49,7 @@ def cell_source(obj) -> tuple[str, str] | None:
         return tuple(found) if isinstance(found, (list, tuple)) and len(found) == 2 else None
     return _cell_source(obj)
 
+
 PUBLIC_PASSED = "public checks passed (a smoke test, not the grade: selfcheck runs the hidden checks)"
 
 

@@ -351,7 +351,9 @@ def _load(name: str):
     import importlib
 
     top = name.split(".")[0]
-    for key in [k for k, v in sys.modules.items() if (k == top or k.startswith(top + ".")) and isinstance(v, _Deferred)]:
+    for key in [
+        k for k, v in sys.modules.items() if (k == top or k.startswith(top + ".")) and isinstance(v, _Deferred)
+    ]:
         del sys.modules[key]
     return importlib.import_module(name)
 
@@ -370,7 +372,9 @@ def _defer(names=DEFERRED) -> None:
                 if parent is None or not parent.submodule_search_locations:
                     specs.append(None)
                     break
-                found = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), parent.submodule_search_locations)
+                found = importlib.machinery.PathFinder.find_spec(
+                    ".".join(parts[: i + 1]), parent.submodule_search_locations
+                )
                 specs.append(found)
         except (ImportError, ValueError):
             continue

@@ -34,7 +34,11 @@ def declared(chapter: str, name: str, default=None):
         if not path.exists():
             continue
         for node in ast.parse(path.read_text()).body:
-            target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+            target = (
+                node.target
+                if isinstance(node, ast.AnnAssign)
+                else (node.targets[0] if isinstance(node, ast.Assign) else None)
+            )
             if isinstance(target, ast.Name) and target.id == name and node.value is not None:
                 return ast.literal_eval(node.value)
     return default

@@ -450,10 +450,8 @@ class Sandbox:
         hidden: list[Path] | tuple[Path, ...] = (),
         overlays: dict[Path, Path] | None = None,
     ) -> None:
-        self.limits = limits or Limits()
-        self.hidden = [Path(p) for p in hidden]  # folders shown empty inside (the hidden checks)
-        self.overlays = dict(overlays or {})  # real path -> the file shown there instead (reference stubs)
-        self.unsandboxed = unsandboxed
+        self.limits, self.unsandboxed = limits or Limits(), unsandboxed
+        self.hidden, self.overlays = [Path(p) for p in hidden], dict(overlays or {})  # see _bwrap_argv
         self.workdir = Path(workdir).resolve()
         if not self.workdir.is_dir():
             raise SandboxError(f"the sandbox's workdir {workdir} is not a folder")
@@ -558,10 +556,9 @@ class Sandbox:
             args += [flag, str(p), str(p)]
         for r in self._routes:
             args += ["--bind", str(r.socket), str(r.inside)]
-        for d in self.hidden:
-            args += ["--tmpfs", str(d), "--remount-ro", str(d)]
-        for real, shown in sorted(self.overlays.items()):
-            args += ["--ro-bind", str(shown), str(real)]
+        # folders shown empty inside (the hidden checks); files shown over real ones (the references' stubs)
+        args += [a for d in self.hidden for a in ("--tmpfs", str(d), "--remount-ro", str(d))]
+        args += [a for real, shown in sorted(self.overlays.items()) for a in ("--ro-bind", str(shown), str(real))]
         args += [a for d in [*skeletons, "/"] for a in ("--remount-ro", str(d))]
         return [*args, "--chdir", str(cwd), "--", *argv]
 
@@ -630,10 +627,7 @@ class Sandbox:
 
     def reason(self, returncode: int | None = None, stderr: str | bytes = "") -> str | None:
         """Why the run failed, as one line for the learner's feedback; None if it succeeded or no limit explains it.
-
-        Pass the program's return code (None: unknown) and, if you captured it, its stderr: without
-        cgroups (an unprivileged instructor) a memory or process limit shows only there (best effort).
-        """
+        ``stderr`` (if captured) is where, without cgroups, a memory or process limit shows (best effort)."""
         lim = self.limits
         text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
         memory = f"the sandbox's memory limit ({lim.memory_mb} MB) was reached"

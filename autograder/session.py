@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import os
 import shutil
@@ -33,204 +32,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-from autograder import gateways, references, values, wire
+from autograder import gateways, references, wire
+from autograder.policy import GraderPolicy, _conninfo
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-# ----------------------------------------------------------------------------- policy
-
-
-def _exposed() -> list[tuple[type, frozenset[str]]]:
-    """The checks' objects learner code may use, and what of each (the API its task's text names)."""
-    from course.breaker import CircuitBreaker
-    from course.kit.faults import FlakyDependency, VirtualClock
-
-    return [
-        (VirtualClock, frozenset({"__call__", "time", "sleep"})),
-        (FlakyDependency, frozenset({"__call__"})),
-        (CircuitBreaker, frozenset({"call", "state"})),
-    ]
-
-
-_REDIS_DUNDERS = frozenset(
-    {"__call__", "__await__", "__aenter__", "__aexit__", "__aiter__", "__anext__", "__enter__", "__exit__"}
-)
-
-
-def _pg_api(obj) -> bool:
-    """A psycopg pool, connection, cursor or transaction (or a check's subclass of one)."""
-    return any(c.__module__.split(".")[0] in ("psycopg", "psycopg_pool") for c in type(obj).__mro__[:-1])
-
-
-def _context_manager(obj) -> bool:
-    import contextlib
-
-    return isinstance(obj, (contextlib._GeneratorContextManager, contextlib._AsyncGeneratorContextManager))  # noqa: SLF001
-
-
-def _redis_api(obj) -> type | None:
-    """The redis-py class whose API ``obj`` offers: a client, pipeline, script or pub/sub of the
-    checks', or a check's wrapper of one (it keeps the client as ``_client``); None for anything else."""
-    import redis
-    import redis.asyncio
-    from redis.asyncio.client import Pipeline, PubSub
-    from redis.asyncio.lock import Lock
-    from redis.commands.core import AsyncScript, Script
-    from redis.lock import Lock as SyncLock
-
-    for kind in (Pipeline, redis.client.Pipeline, PubSub, redis.client.PubSub, AsyncScript, Script, Lock, SyncLock):
-        if isinstance(obj, kind):
-            return kind
-    if isinstance(obj, (redis.asyncio.Redis, redis.Redis)):
-        return type(obj).__mro__[[c.__module__.startswith("redis") for c in type(obj).__mro__].index(True)]
-    for attr in ("_client", "_pipe", "_redis"):  # a check's wrapper of one: it offers what the wrapped one does
-        inner = getattr(obj, attr, None)
-        if inner is not None and not isinstance(inner, (str, bytes, int)):
-            found = _redis_api(inner)
-            if found is not None:
-                return found
-    return None
-
-
-class GraderPolicy(wire.Policy):
-    """What learner code may do with the grader's objects: call what the checks handed in, no more.
-
-    A virtual clock: call it, ``time``, ``sleep``. A Redis client of the checks' (one that counts or
-    holds round trips): every public method, because it is connected as the run's ACL user
-    (:meth:`Session._grant`), so the server refuses what the user may not do. A class of a check's
-    may name what it offers in ``__learner_api__``. Anything else: only a call, if it is callable.
-    """
-
-    trusting = False
-
-    def __init__(self) -> None:
-        self._exposed = _exposed()
-        self.stubbed: frozenset[str] = frozenset()  # the references kept from the learner: never by import
-        self.redis_gate = ""  # the socket of the checks' Redis gate (set by the session)
-        self.pg_role = ""  # the run's role (set by the session)
-
-    def allowed(self, obj, name: str) -> bool:
-        for cls, names in self._exposed:
-            if isinstance(obj, cls):
-                return name in names
-        api = getattr(type(obj), "__learner_api__", None)
-        if api is not None:
-            return name in api
-        if _pg_api(obj):  # a pool of the checks' (one that counts queries), its connections, cursors
-            return (not name.startswith("_") or name in _REDIS_DUNDERS) and self._as_run_role(obj)
-        if _context_manager(obj):
-            return name in _REDIS_DUNDERS
-        api = _redis_api(obj)
-        if api is not None:  # what a Redis client offers, no more (not a wrapper's own release())
-            offered = name in _REDIS_DUNDERS or (not name.startswith("_") and hasattr(api, name))
-            return offered and self._as_run_user(obj)
-        if name == "__call__":
-            return callable(obj) and not inspect.isclass(obj)
-        if name == "__await__":
-            return inspect.isawaitable(obj)
-        return False
-
-    def _as_run_user(self, obj) -> bool:
-        """Does ``obj`` reach Redis through the checks' gate, as the run's ACL user? (Never the course's admin.)"""
-        pool = getattr(obj, "connection_pool", None)
-        for inner in ("_client", "registered_client", "client"):
-            if pool is None and getattr(obj, inner, None) is not None:
-                pool = getattr(getattr(obj, inner), "connection_pool", None)
-        kwargs = getattr(pool, "connection_kwargs", None)
-        if kwargs is None:
-            return True  # a wrapper without a pool of its own (its calls reach a client checked the same way)
-        if kwargs.get("path") != self.redis_gate:
-            raise wire.Refused(
-                "a Redis client of the grader's that bypasses the run's gate cannot be handed to learner code"
-            )
-        return True
-
-    def _as_run_role(self, obj) -> bool:
-        """Is ``obj`` connected as the run's role? (Never hand learner code the course's superuser.)"""
-        from psycopg.conninfo import conninfo_to_dict
-
-        user = None
-        conninfo = getattr(obj, "conninfo", None)
-        if isinstance(conninfo, str):
-            user = conninfo_to_dict(conninfo).get("user")
-        for attr in ("connection", None):
-            conn = getattr(obj, attr) if attr else obj
-            info = getattr(conn, "info", None)
-            if user is None and info is not None and hasattr(info, "user"):
-                user = info.user
-        if user != self.pg_role:
-            raise wire.Refused(
-                "a PostgreSQL object of the grader's not connected as the run's role cannot be handed over"
-            )
-        return True
-
-    def resource(self, value) -> dict | None:
-        import psycopg_pool
-        import redis
-        import redis.asyncio
-
-        from autograder.lockstep import GatedRedis
-
-        if type(value) not in (
-            psycopg_pool.AsyncConnectionPool,
-            psycopg_pool.ConnectionPool,
-            redis.asyncio.Redis,
-            redis.Redis,
-            GatedRedis,
-        ):
-            return None  # a subclass of a check's (it counts or holds round trips): handed over as itself
-        if isinstance(value, (psycopg_pool.AsyncConnectionPool, psycopg_pool.ConnectionPool)):
-            if set(value.kwargs or {}) - {"autocommit", "prepare_threshold"} or value._configure or value._reset:  # noqa: SLF001
-                return None  # a pool that counts or shapes what it runs: handed over as itself
-            db = dict(_conninfo(value.conninfo)).get("dbname", "")
-            kwargs = {k: v for k, v in (value.kwargs or {}).items() if k in ("autocommit", "prepare_threshold")}
-            return {
-                "kind": "pg_pool",
-                "async": isinstance(value, psycopg_pool.AsyncConnectionPool),
-                "db": db,
-                "min_size": value.min_size,
-                "max_size": value.max_size,
-                "kwargs": kwargs,
-            }
-        if isinstance(value, (redis.asyncio.Redis, redis.Redis)):
-            kwargs = value.connection_pool.connection_kwargs
-            keep = {k: kwargs[k] for k in ("decode_responses", "socket_timeout") if k in kwargs}
-            return {
-                "kind": "redis",
-                "async": isinstance(value, redis.asyncio.Redis),
-                "db": kwargs.get("db", 0),
-                "kwargs": keep,
-            }
-        return None
-
-    def encode_special(self, value, encode, depth: int) -> list | None:
-        found = values.encode_course_value(value, encode, depth, imports=True, refused=self.stubbed)
-        if found is not None:
-            return found
-        module = type(value).__module__
-        if module.startswith("httpx"):
-            import httpx
-
-            if isinstance(value, httpx.Request):
-                return ["httpx", value.method, str(value.url), None, None]
-            if isinstance(value, httpx.Response):
-                request = value.request
-                return ["httpx", request.method, str(request.url), value.status_code, ["b", ""]]
-        return None
-
-
-def _conninfo(conninfo: str) -> list[tuple[str, str]]:
-    from psycopg.conninfo import conninfo_to_dict
-
-    return [(k, str(v)) for k, v in conninfo_to_dict(conninfo).items()]
-
-
 # ----------------------------------------------------------------------------- one process
-
-
-class LearnerGone(RuntimeError):
-    """The learner's process ended, or stopped answering."""
 
 
 class Learner:
@@ -557,19 +365,6 @@ class Session:
         self.close()
 
 
-def _with_user(url: str, user: str, password: str) -> str:
-    """``url`` (a Redis URL) logging in as ``user``."""
-    from urllib.parse import quote
-
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("username", "password")]
-        query += [("username", user), ("password", password)]
-        return f"unix://{parts.path}?" + "&".join(f"{k}={quote(v)}" for k, v in query)
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{quote(user)}:{quote(password)}@{host}").geturl()
-
-
 def _redis_target(url: str) -> tuple:
     parts = urlsplit(url)
     if parts.scheme == "unix":
@@ -674,15 +469,6 @@ class RemoteNamespace(Mapping):
                     learner.root.collect()
                     learner.root.release()
                 learner.conn.release_all()
-
-
-def wait_alive(proc: subprocess.Popen, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def grade_source(task_id: str, source: str, *, sandbox: bool = False):

@@ -113,7 +113,9 @@ def exception_data(err: BaseException, encode_attr, depth: int = 0, encode_link=
     frames = getattr(err, "__remote_frames__", None) or frames
     out = {"mro": mro, "str": text[:MAX_TEXT], "args": args, "attrs": attrs, "frames": frames}
     if isinstance(err, BaseExceptionGroup) and depth < 6:  # each member crosses as an error of its own
-        out["group"] = [(encode_link or (lambda e, d: exception_data(e, encode_attr, d)))(e, depth + 1) for e in err.exceptions]
+        out["group"] = [
+            (encode_link or (lambda e, d: exception_data(e, encode_attr, d)))(e, depth + 1) for e in err.exceptions
+        ]
         out["message"] = str(err.message)[:MAX_TEXT]
     info = getattr(err, "_info", None) if type(err).__module__.startswith("psycopg") else None
     if info is not None:  # a database error's diagnostics (constraint, detail, sqlstate) as psycopg pickles them

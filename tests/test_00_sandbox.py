@@ -162,15 +162,43 @@ HONEST = textwrap.dedent(
 )
 
 
-@needs_bwrap
-def test_an_honest_program_reaches_the_servers_and_its_pipe(tmp_path):
-    from course.kit import backends
+@pytest.fixture
+def gateways_env(tmp_path):
+    """The servers as a grading run shows them to the sandbox: its gateways, as the run's role and ACL user
+    (the servers' own sockets belong to their account and admit no sandboxed program)."""
+    from autograder import gateways, privileges
+    from autograder.session import _pg_target, _redis_target
+    from course.kit import backends, lab
 
+    srv = backends.servers()
+    priv = privileges.RunPrivileges(srv.database_url, srv.redis_url)
+    ns = lab.create("sandbox")
+    priv.grant(ns.name, ns.key_prefix)
+    loop = gateways.GatewayLoop()
+    target, port = _pg_target(srv.database_url)
+    pg = gateways.PostgresGate(loop, tmp_path / "pg", port, target, priv.name)
+    pg.allow(ns.name)
+    rd = gateways.RedisGate(
+        loop, tmp_path / "r.sock", _redis_target(srv.redis_url), priv.name, priv.password, {ns.redis_db}, ns.redis_db
+    )
+    yield {
+        "REDIS_URL": f"unix://{tmp_path / 'r.sock'}?db={ns.redis_db}",
+        "DATABASE_URL": f"postgresql://{priv.name}:{priv.password}@/{ns.name}?host={tmp_path / 'pg'}&port={port}",
+    }
+    pg.close()
+    rd.close()
+    loop.stop()
+    lab._forget(ns)  # noqa: SLF001
+    priv.drop()
+
+
+@needs_bwrap
+def test_an_honest_program_reaches_the_servers_and_its_pipe(tmp_path, gateways_env):
+    work = tmp_path / "work"
+    work.mkdir()
     read, write = os.pipe()
     try:
-        code, out, err, reason = run(
-            HONEST, tmp_path, str(write), servers=backends.servers().as_env(), pass_fds=[write]
-        )
+        code, out, err, reason = run(HONEST, work, str(write), servers=gateways_env, pass_fds=[write])
         os.close(write)
         write = -1
         piped = os.read(read, 100)

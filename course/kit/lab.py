@@ -337,7 +337,9 @@ def _given() -> Namespace | None:
     if not raw:
         return None
     spec = json.loads(raw)
-    ns = Namespace(spec["name"], spec["database_url"], spec["redis_url"], int(spec["redis_db"]), backends.servers())
+    ns = Namespace(
+        spec["name"], spec["database_url"], spec["redis_url"], int(spec["redis_db"]), backends.servers()
+    )
     ns.given = True
     return ns
 
