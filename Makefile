@@ -40,7 +40,7 @@ test-browser: $(READY)
 	PATH="$(CURDIR)/$(BIN):$$PATH" COURSE_BROWSER_TESTS=1 BROWSER_CHAPTERS="$(BROWSER_CHAPTERS)" \
 		$(BIN)/python -m pytest -p no:xdist tests/browser $(PYTEST_ARGS)
 
-## The oldest and newest Python the README claims: the harness, the integrity checks and four
+## The oldest and newest Python the README claims: the harness, the wire to a learner's process and four
 ## chapters' solutions graded through course check (00's basics, 05's asyncio consumers, 10's
 ## transactions, 13's processes and SSE), on another interpreter (make test-python PYTHON=python3.13);
 ## .ci/run runs it with the newest one the machine has, after make test graded every chapter
@@ -50,7 +50,7 @@ test-python:
 	.venv-python/bin/python -m pip install --quiet --upgrade pip
 	.venv-python/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	.venv-python/bin/python -m pip uninstall --quiet --yes $(SLOW_IMPORTS)
-	PATH="$(CURDIR)/.venv-python/bin:$$PATH" .venv-python/bin/python -m pytest -n 2 -p no:cacheprovider tests/test_00_harness.py tests/test_00_integrity.py tests/test_contract.py \
+	PATH="$(CURDIR)/.venv-python/bin:$$PATH" .venv-python/bin/python -m pytest -n 2 -p no:cacheprovider tests/test_00_harness.py tests/test_00_wire.py tests/test_contract.py \
 		-k "not test_the_student_notebook and (00_ or 05_ or 10_ or 13_)" $(PYTEST_ARGS)
 
 ## The same answer gets the same grade: every kept wrong solution graded RUNS times (default 3)

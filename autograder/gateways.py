@@ -234,6 +234,22 @@ class _Link:
         self.multi = False
         self.hello: bytes | None = None
         self.pump: asyncio.Task | None = None
+        self.busy = False  # between reading a command and holding or sending it
+        self.buffered = 0  # bytes read but not yet a whole command
+
+    def unread(self) -> int:
+        """Bytes waiting in this connection's socket, and read but not yet parsed."""
+        import fcntl
+        import termios
+
+        sock = self.writer.get_extra_info("socket")
+        if sock is None:
+            return self.buffered
+        try:
+            got = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return self.buffered
+        return int.from_bytes(got, "little") + self.buffered
 
     async def bind(self, db: int) -> None:
         """(Re)connect upstream as the run's user, on database ``db``."""
@@ -321,6 +337,25 @@ class RedisGate:
         """Commands released but not yet answered (a round is not over while one is)."""
         return self.pending + sum(link.in_flight for link in self.links)
 
+    def drained(self) -> bool:
+        """Has this gateway read and sorted every byte its learner process sent? (A command written just
+        before that process said it was idle is in a socket buffer, not yet held: the round is not over.)"""
+
+        async def look() -> bool:
+            import select
+
+            for _ in range(3):  # an accept and the first read of a new connection take a few turns of this loop
+                await asyncio.sleep(0)
+            listening = [sock.fileno() for sock in self.server.sockets]
+            if select.select(listening, [], [], 0)[0]:
+                return False  # a connection the learner's process opened, not yet accepted
+            return all(link.unread() == 0 and not link.busy for link in self.links)
+
+        try:
+            return self.gateways.run(look(), 5)
+        except Exception:  # noqa: BLE001 - a gateway that does not answer is not drained
+            return False
+
     def changed(self) -> None:
         for watch in list(self.watchers):
             watch()
@@ -364,11 +399,15 @@ class RedisGate:
         try:
             while data := await reader.read(65536):
                 buf += data
-                while (found := _command(buf)) is not None:
-                    parts, used = found
-                    raw = bytes(buf[:used])
-                    del buf[:used]
-                    await self._command(link, parts, raw)
+                link.busy = True
+                try:
+                    while (found := _command(buf)) is not None:
+                        parts, used = found
+                        raw = bytes(buf[:used])
+                        del buf[:used]
+                        await self._command(link, parts, raw)
+                finally:
+                    link.busy, link.buffered = False, len(buf)
         except ValueError as err:
             writer.write(_error(f"ERR the grading proxy: {err}"))
         except (OSError, asyncio.IncompleteReadError, RuntimeError):
@@ -403,14 +442,13 @@ class RedisGate:
             if link.multi:
                 link.writer.write(_error("ERR SELECT inside MULTI is refused by the grading proxy"))
                 return
-            if self.holding:  # a SELECT is a command like any other in a lockstep round
-                self.held.append((link, parts, raw))
-                self.changed()
-                return
-            await self._select(link, db)
+            await self._select(link, db)  # connecting: never held (a client's handshake is no command of its caller)
             return
         if link.up_writer is None:
             await self._select(link, self.default_db, reply=False)
+        if name == b"hello":  # the handshake of a new connection goes at once, as it does in one process
+            await link.send(parts, raw)
+            return
         if name == b"multi":
             link.multi = True
         elif name in (b"exec", b"discard"):

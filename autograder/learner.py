@@ -316,18 +316,43 @@ class Root:
         gc.collect()
 
 
-async def _until_idle() -> None:
+async def _until_idle(skip_fd: int = -1) -> None:
+    """Until this process's loop has nothing ready to run and no socket of its holds unread bytes (a
+    reply from Redis or PostgreSQL that the loop has not seen yet would wake a caller: not idle)."""
     loop = asyncio.get_running_loop()
     quiet = 0
     for _ in range(10_000):
         await asyncio.sleep(0)
         ready = getattr(loop, "_ready", None)
-        if ready is None or len(ready) == 0:
+        if (ready is None or len(ready) == 0) and not _inbound(skip_fd):
             quiet += 1
             if quiet >= 2:
                 return
         else:
             quiet = 0
+
+
+def _inbound(skip_fd: int) -> bool:
+    """Does a socket of this process (but ``skip_fd``, the wire's own) hold bytes not yet read?"""
+    import fcntl
+    import stat
+    import termios
+
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return False
+    for fd in fds:
+        if fd == skip_fd:
+            continue
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            if int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 #: What setup cells import for their demos (plots, widgets, a test runner) that an answer cell seldom
@@ -426,7 +451,7 @@ def main() -> int:
         references.apply(config.get("stubs") or [])
 
     async def pong(msg: dict) -> None:
-        await _until_idle()
+        await _until_idle(sock.fileno())
         conn.pong(msg)
 
     conn.on_ping = lambda msg: loop.call_soon_threadsafe(lambda: loop.create_task(pong(msg)))

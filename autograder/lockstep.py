@@ -22,6 +22,8 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import os
+import sys
 import time
 
 import redis.asyncio as aioredis
@@ -160,6 +162,9 @@ class Gate:
                     break
                 await session.settled(redis=True, busy=self.busy)
                 held = [(g, link) for g in gates() for link in {h[0] for h in g.held}]
+                if os.environ.get("COURSE_DEBUG_LOCKSTEP"):  # what each round holds, for a grader's developer
+                    print("round", self.rounds, [[h[1][0] for h in g.held] for g in gates()], len(held),
+                          sum(not t.done() for t in tasks), file=sys.__stderr__)
                 if held:
                     self.rounds += 1
                     self.commands += sum(len(g.held) for g in gates())

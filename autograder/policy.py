@@ -106,6 +106,16 @@ class GraderPolicy(wire.Policy):
             return inspect.isawaitable(obj)
         return False
 
+    def returns_awaitable(self, obj, name: str, function) -> bool:
+        import redis.asyncio
+        from redis.asyncio.client import Pipeline
+
+        client = obj if isinstance(obj, redis.asyncio.Redis) else getattr(obj, "_client", None)
+        if not isinstance(client, redis.asyncio.Redis) or isinstance(client, Pipeline):
+            return False  # a pipeline's commands return the pipeline (a Pipeline is a Redis too); a sync client's, the reply
+        module = getattr(function, "__module__", "") or ""
+        return module.startswith("redis.commands") and name != "register_script" and not inspect.isasyncgenfunction(function)
+
     def _as_run_user(self, obj) -> bool:
         """Does ``obj`` reach Redis through the checks' gate, as the run's ACL user? (Never the course's admin.)"""
         pool = getattr(obj, "connection_pool", None)

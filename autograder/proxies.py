@@ -42,6 +42,11 @@ class Policy:
         """A spec for a value the other side should make its own copy of (a pool), else None."""
         return None
 
+    def returns_awaitable(self, obj, name: str, function) -> bool:
+        """Whether ``obj.name()``, a plain function, returns an awaitable (an async redis-py client's
+        commands do): the other side then awaits it in one round trip, its event loop never blocked."""
+        return False
+
     def materialize(self, spec: dict):
         raise WireError(f"this side cannot make a {spec.get('kind')!r}")
 
@@ -134,7 +139,10 @@ def describe(obj, policy: Policy) -> dict:
     if kind == "await":
         return meta
     if callable(obj) and policy.allowed(obj, "__call__"):
-        meta["a"] = _is_async(obj)
+        owner, function = getattr(obj, "__self__", None), getattr(obj, "__func__", None)
+        meta["a"] = _is_async(obj) or (
+            function is not None and owner is not None and policy.returns_awaitable(owner, obj.__name__, function)
+        )
         meta["p"] = _params(obj)
     if kind in ("obj", "class"):
         holder = obj if kind == "class" else type(obj)
@@ -158,7 +166,8 @@ def describe(obj, policy: Policy) -> dict:
             if kind == "obj" and isinstance(attr, (staticmethod, classmethod)):
                 attr = attr.__func__
             if inspect.isfunction(attr) and kind == "obj":
-                methods[name] = inspect.iscoroutinefunction(attr) or inspect.isasyncgenfunction(attr)
+                # an async generator function's call returns its iterator at once (``async for`` over it)
+                methods[name] = inspect.iscoroutinefunction(attr) or policy.returns_awaitable(obj, name, attr)
         meta["m"] = methods
         meta["d"] = sorted(dunders)
         if kind == "obj" and inspect.isawaitable(obj) and policy.allowed(obj, "__await__"):
@@ -190,6 +199,10 @@ class Proxy:
 
     def __delattr__(self, name: str) -> None:
         self._conn.call_sync(self._hid, "delattr", name)
+
+    @property
+    def __dict__(self) -> dict:  # noqa: PLW3201 - what vars() reads: the owner's attributes, as data
+        return self._conn.call_sync(self._hid, "getattr", "__dict__")
 
     @property
     def __signature__(self) -> inspect.Signature:  # noqa: PLW3201 - what inspect.signature reads

@@ -101,6 +101,8 @@ class Learner:
             "COURSE_NAMESPACE": json.dumps(given),
             "NBGRADER_EXECUTION": "autograde",
             "PYTHONHASHSEED": str((env or {}).get("hashseed", 0)),
+            # this checkout's course/ and autograder/ (the ones shown in the sandbox), however the venv found them
+            "PYTHONPATH": str(REPO),
         }
         self.proc = self.box.popen(
             [sys.executable, "-m", "autograder.learner", str(theirs.fileno())],
@@ -189,6 +191,7 @@ class Session:
         self.work = Path(tempfile.mkdtemp(prefix="course-grade-"))
         self.learners: list[Learner] = []
         self.history: list[tuple[str, str, str]] = []  # the job's cells run so far (a new process replays them)
+        self._cycles: dict[tuple, asyncio.Future] = {}  # settling in progress, per loop (see settled)
         self.databases: set[str] = set()
         self.redis_dbs: set[int] = set()
         srv = backends.servers()
@@ -323,6 +326,25 @@ class Session:
         ``redis``: also until no learner command is in flight at Redis (a lockstep round). ``busy``:
         ``await busy()`` is True while something the loops cannot see is still working.
         """
+        loop = asyncio.get_running_loop()
+        key = (id(loop), redis, busy)
+        cycle = self._cycles.get(key)
+        if cycle is not None and not cycle.done():  # one settling at a time: thirty waiting loads ask together
+            await asyncio.shield(cycle)
+            return
+        cycle = self._cycles[key] = loop.create_future()
+        try:
+            await self._settle(local_idle, redis, busy)
+            cycle.set_result(None)
+        except BaseException as err:
+            cycle.set_exception(err)
+            cycle.exception()  # retrieved: a waiter that was cancelled meanwhile must not leave it unread
+            raise
+        finally:
+            if self._cycles.get(key) is cycle:
+                del self._cycles[key]
+
+    async def _settle(self, local_idle, redis: bool, busy) -> None:
         from course.kit.faults import _local_idle
 
         local_idle = local_idle or _local_idle
@@ -335,7 +357,7 @@ class Session:
                 not isinstance(p, BaseException) and p.get("received") == c.sent and c.received == p.get("sent", -2) + 1
                 for c, p in zip(conns, pongs, strict=True)
             )
-            if quiet and redis and any(x.redis_gate.in_flight() for x in self.learners):
+            if quiet and redis and any(x.redis_gate.in_flight() or not x.redis_gate.drained() for x in self.learners):
                 quiet = False
                 await asyncio.sleep(0.001)
             if quiet and busy is not None and await busy():
@@ -428,6 +450,7 @@ class RemoteNamespace(Mapping):
 
         faults.settle_beyond(loop, settle)
         lockstep.REMOTE[id(loop)] = session
+        wire.home_loop.set(loop)  # objects a check hands over from a worker thread belong to its loop
         stack = contextlib.ExitStack()
         stack.callback(faults.settle_beyond, loop, None)
         stack.callback(lockstep.REMOTE.pop, id(loop), None)

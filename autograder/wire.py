@@ -57,6 +57,9 @@ MAX_FRAME = 32 << 20
 ROOT = 0  # the handle of each side's root object, known to both without a message
 
 _serving: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("serving", default=None)
+#: The event loop whose objects these are, for objects made in a thread without one (a check's
+#: ``asyncio.to_thread``): set where a check starts (:meth:`autograder.session.RemoteNamespace.bind`).
+home_loop: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = contextvars.ContextVar("home_loop", default=None)
 
 
 # ----------------------------------------------------------------------------- the connection
@@ -221,7 +224,7 @@ class Conn:
             export = self._exports.get(msg.get("h"))
         if chained is not None:
             msg["context"] = chained.context
-        if chained is not None and chained.queue is not None:
+        if chained is not None and chained.queue is not None and not msg.get("async"):
             chained.queue.put(msg)  # the thread waiting on that call serves its callee's callback
             return
         if export is None:
@@ -485,8 +488,8 @@ class Conn:
             hid = next(self._hids) if hid is None else hid
             try:
                 loop = asyncio.get_running_loop()
-            except RuntimeError:  # made off any loop (a thread of asyncio.to_thread): the process's own loop serves it
-                loop = self.default_loop
+            except RuntimeError:  # made off any loop (a thread of asyncio.to_thread): the caller's home loop serves it
+                loop = home_loop.get() or self.default_loop
             thread = threading.get_ident() if loop is not self.default_loop else self.default_thread
             self._exports[hid] = _Export(obj, loop, thread)
             self._by_id[id(obj)] = hid

@@ -647,6 +647,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--due", help='due date, e.g. "2026-12-15 17:00:00 UTC"')
     p.set_defaults(fn=assign_cmd)
+    sub.add_parser(
+        "handout", help="instructors: a class's copy without solutions, tests or the course's answers", add_help=False
+    )
     for name, what in (
         ("drill", "interview drills with spaced repetition (--export deck.apkg for Anki)"),
         ("progress", "per chapter: last graded score, drill cards due and mastered"),
@@ -655,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["drill"], ["progress"]):  # every option is course.drill's own
         return drill_cmd(argparse.Namespace(command=argv[0], rest=argv[1:]))
+    if argv[:1] == ["handout"]:  # autograder.handout's own options
+        return _run_grader("autograder.handout", *argv[1:])
     args, extra = parser.parse_known_args(argv)
     if args.command == "lab":
         args.jupyter_args = extra

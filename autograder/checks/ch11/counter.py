@@ -19,7 +19,8 @@ from autograder.checks.ch11.common import REPLICAS
 from autograder.checks.ch11.common import attempt as _try
 from autograder.checks.ch11.common import settle as _settle
 from autograder.harness import Report, error_line, task
-from autograder.probes import SETTLE_LIMIT, AnswerLoop, settled
+from autograder.probes import SETTLE_LIMIT, AnswerLoop
+from autograder.probes import settled as until_idle
 from course.chapters.ch11 import rig
 from course.kit import lab
 
@@ -62,7 +63,7 @@ async def _after_timers(answer: AnswerLoop, old, watcher) -> bool:
     """Fire the timers the answer left running since ``old`` (a ticker's sleep, a delayed flush),
     again for the ones they set next, until view_counts has a row or TIMER_WAIT s of real time
     have passed; True if a row was written. Nothing to wait for when the answer left no timer."""
-    await settled()  # let a task made in __init__ or view() run up to its first wait
+    await until_idle()  # let a task made in __init__ or view() run up to its first wait
     if not answer.fire(old):
         return False
     deadline = time.monotonic() + TIMER_WAIT
@@ -197,7 +198,7 @@ async def _check_view_counter(r: Report, ViewCounter, pool, watcher, ns) -> None
         elif not settled:
             r.note(f"that flush did not reach PostgreSQL within {SETTLE_LIMIT:g} s; going on")
         late = [asyncio.create_task(_try(a.view(item))) for item in ["v1"] * 10 + ["v3"] * 5]
-        await settled()  # the late views run up to where they wait
+        await until_idle()  # the late views run up to where they wait
         want.update(["v1"] * 10 + ["v3"] * 5)
         await locker.execute("COMMIT")
     finally:

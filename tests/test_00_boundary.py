@@ -1,0 +1,52 @@
+"""The learner's own kernel and the grading boundary give one answer the same grade and feedback.
+
+``selfcheck``, the visible test cells and Validate run the checks in the learner's kernel
+(``autograder.harness.run_task`` on the kernel's names); ``course check``, ``course grade`` and
+``nbgrader autograde`` run the answer in a sandboxed process of its own and the checks across the
+wire (autograder/session.py). For one kept wrong answer of every task (``WRONG`` in
+``tests/test_NN_grading.py``, the first one), both paths must print the same lines and the same
+points. ``make test-determinism`` holds every kept wrong answer to this, run after run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autograder import harness
+from autograder.session import grade_source
+from tests.helpers import outcome_of, run_source
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def first_wrong_answers() -> list[tuple[str, str, str]]:
+    found = []
+    for chapter in harness.chapters():
+        if not (ROOT / "tests" / f"test_{chapter}_grading.py").exists():
+            continue
+        module = importlib.import_module(f"tests.test_{chapter}_grading")
+        randoms = getattr(module, "RANDOM_BY_DESIGN", set())
+        for task_id, entries in sorted(getattr(module, "WRONG", {}).items()):
+            for name, (source, _mentions) in sorted(entries.items()):
+                if (task_id, name) not in randoms:
+                    found.append((task_id, name, source))
+                    break
+    return found
+
+
+CASES = first_wrong_answers()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("task_id", "name", "source"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_the_kernel_and_the_boundary_agree(task_id, name, source):
+    here = outcome_of(run_source(task_id, source))
+    there = outcome_of(grade_source(task_id, textwrap.dedent(source)))
+    assert there == here, (
+        f"{task_id}, wrong answer {name!r}: in the kernel {here[0]:g} points, across the boundary {there[0]:g}\n"
+        + "\n".join(f"  kernel:   {a}\n  boundary: {b}" for a, b in zip(here[2], there[2], strict=False) if a != b)
+    )
