@@ -237,6 +237,11 @@ class _Link:
         self.busy = False  # between reading a command and holding or sending it
         self.buffered = 0  # bytes read but not yet a whole command
 
+    def answer(self, data: bytes) -> None:
+        """Write to the learner's side, counted: a reply it has yet to read wakes it up (see ``written``)."""
+        self.gate.written += 1
+        self.writer.write(data)
+
     def unread(self) -> int:
         """Bytes waiting in this connection's socket, and read but not yet parsed."""
         import fcntl
@@ -281,7 +286,7 @@ class _Link:
         parser = _Resp()
         try:
             while data := await reader.read(65536):
-                self.writer.write(data)
+                self.answer(data)
                 if not self.subscribed:
                     self.in_flight = max(0, self.in_flight - parser.feed(data))
                 await self.writer.drain()
@@ -328,6 +333,7 @@ class RedisGate:
         self.watchers: list[Callable[[], None]] = []
         self._order = 0
         self.pending = 0  # held commands released whose connection has not sent them on yet
+        self.written = 0  # writes to the learner's side: one between two looks means the learner had news
         self._tasks: set[asyncio.Task] = set()
         self.server = gateways.run(asyncio.start_unix_server(self._serve, path=str(path), limit=1 << 22))
 
@@ -424,23 +430,23 @@ class RedisGate:
         name = parts[0].lower() if parts else b""
         if name == b"auth" or (name == b"hello" and any(p.lower() == b"auth" for p in parts[2:])):
             self.refused.append(name.decode().upper())
-            link.writer.write(_error("NOPERM the grading sandbox cannot switch Redis users"))
+            link.answer(_error("NOPERM the grading sandbox cannot switch Redis users"))
             return
         if name == b"client" and len(parts) > 1 and parts[1].lower() == b"setinfo":
-            link.writer.write(b"+OK\r\n")  # a client library's name and version: nothing to refuse, nothing to pass on
+            link.answer(b"+OK\r\n")  # a client library's name and version: nothing to refuse, nothing to pass on
             return
         if name == b"select":
             try:
                 db = int(parts[1])
             except (IndexError, ValueError):
-                link.writer.write(_error("ERR invalid DB index"))
+                link.answer(_error("ERR invalid DB index"))
                 return
             if db not in self.dbs:
                 self.refused.append(f"SELECT {db}")
-                link.writer.write(_error(f"NOPERM database {db} is not one of this grading run's"))
+                link.answer(_error(f"NOPERM database {db} is not one of this grading run's"))
                 return
             if link.multi:
-                link.writer.write(_error("ERR SELECT inside MULTI is refused by the grading proxy"))
+                link.answer(_error("ERR SELECT inside MULTI is refused by the grading proxy"))
                 return
             await self._select(link, db)  # connecting: never held (a client's handshake is no command of its caller)
             return
@@ -464,10 +470,10 @@ class RedisGate:
             try:
                 await link.bind(db)
             except (OSError, ConnectionError) as err:
-                link.writer.write(_error(f"ERR the grading proxy could not reach Redis: {err}"))
+                link.answer(_error(f"ERR the grading proxy could not reach Redis: {err}"))
                 return
         if reply:
-            link.writer.write(b"+OK\r\n")
+            link.answer(b"+OK\r\n")
 
     async def _forward(self, link: _Link, commands: list[tuple[list[bytes], bytes]]) -> None:
         """One connection's held commands, in the order it sent them."""

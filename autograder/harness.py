@@ -405,10 +405,13 @@ _CONNECTION_ERRORS = {
 
 def _checks_own_use(err: BaseException) -> bool:
     """An answer left out of this copy of the course (``course handout``), called by a check, not by the
-    learner's code: no frame of the traceback is a learner's cell."""
+    learner's code: it was raised in this process (an error from the learner's process crossed the wire)
+    and no frame of its traceback is a learner's cell."""
     from autograder import references
     from autograder.values import frames_of
 
+    if getattr(err, "__remote_str__", None) is not None:
+        return False  # the learner's code called it (re-exported it, wrapped it): its own failure
     return references.left_out(err) and not any(name.startswith("<") for name, _, _ in frames_of(err))
 
 

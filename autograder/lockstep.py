@@ -149,26 +149,46 @@ class Gate:
 
     async def _run_remote(self, session, calls: list) -> list:
         """The lockstep where the callers' code runs in learner processes: their Redis proxies hold every
-        command; a round goes once every process is idle, nothing is on the wire and no command is in
-        flight at Redis (each running caller has sent its next command, or waits on something else)."""
+        command. A round goes once every running caller has a command held (a connection of its own each),
+        as in one process; else once everything has settled (every process idle, nothing on the wire,
+        nothing in flight at Redis) and stays so for ``CALM_TICKS`` looks: a caller waits on something
+        else (a lock, a sleep), and ``stalled`` counts that round. (One look is not enough: a thread of
+        the learner's that has read its reply and not yet sent its next command looks idle.)"""
         gates = lambda: [x.redis_gate for x in session.learners if x.alive]  # noqa: E731
         for gate in gates():
             gate.hold(True)
         tasks = [asyncio.ensure_future(make()) for make in calls]
+
+        def holding() -> tuple[int, int]:
+            return sum(len({h[0] for h in g.held}) for g in gates()), sum(len(g.held) for g in gates())
+
         try:
+            calm, last = 0, None
             while True:
                 running = [t for t in tasks if not t.done()]
                 if not running:
                     break
-                await session.settled(redis=True, busy=self.busy)
-                held = [(g, link) for g in gates() for link in {h[0] for h in g.held}]
+                links, commands = holding()
+                if links < len(running):
+                    await session.settled(redis=True, busy=self.busy)
+                    links, commands = holding()
+                    running = [t for t in tasks if not t.done()]
+                    if not running:
+                        continue
+                    if links < len(running):
+                        calm = calm + 1 if (links, commands, len(running)) == last else 0
+                        last = (links, commands, len(running))
+                        if calm < self.CALM_TICKS:
+                            await asyncio.wait(running, timeout=0.003, return_when=asyncio.FIRST_COMPLETED)
+                            continue
+                calm, last = 0, None
                 if os.environ.get("COURSE_DEBUG_LOCKSTEP"):  # what each round holds, for a grader's developer
-                    print("round", self.rounds, [[h[1][0] for h in g.held] for g in gates()], len(held),
-                          sum(not t.done() for t in tasks), file=sys.__stderr__)
-                if held:
+                    print("round", self.rounds, [[h[1][0] for h in g.held] for g in gates()], links,
+                          len(running), file=sys.__stderr__)
+                if links:
                     self.rounds += 1
-                    self.commands += sum(len(g.held) for g in gates())
-                    self.stalled += len(held) < len([t for t in tasks if not t.done()])
+                    self.commands += commands
+                    self.stalled += links < len(running)
                     for gate in gates():
                         gate.release()
                 else:

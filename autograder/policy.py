@@ -12,6 +12,7 @@ clients cross as specs and are made anew in the learner's process (:meth:`Grader
 from __future__ import annotations
 
 import inspect
+import re
 
 from autograder import values, wire
 
@@ -27,6 +28,10 @@ def _exposed() -> list[tuple[type, frozenset[str]]]:
         (CircuitBreaker, frozenset({"call", "state"})),
     ]
 
+
+#: ``options`` a pool handed to a learner's process may carry: settings the run's role may set
+#: (:data:`autograder.privileges.SETTABLE`), e.g. ``-c deadlock_timeout=2s``.
+_SETTINGS = re.compile(r"(-c deadlock_timeout=[0-9]+(ms|s)?\s*)+")
 
 _REDIS_DUNDERS = frozenset(
     {"__call__", "__await__", "__aenter__", "__aexit__", "__aiter__", "__anext__", "__enter__", "__exit__"}
@@ -166,10 +171,12 @@ class GraderPolicy(wire.Policy):
         ):
             return None  # a subclass of a check's (it counts or holds round trips): handed over as itself
         if isinstance(value, (psycopg_pool.AsyncConnectionPool, psycopg_pool.ConnectionPool)):
-            if set(value.kwargs or {}) - {"autocommit", "prepare_threshold"} or value._configure or value._reset:  # noqa: SLF001
+            kwargs = dict(value.kwargs or {})
+            if set(kwargs) - {"autocommit", "prepare_threshold", "options"} or value._configure or value._reset:  # noqa: SLF001
                 return None  # a pool that counts or shapes what it runs: handed over as itself
+            if "options" in kwargs and not _SETTINGS.fullmatch(str(kwargs["options"])):
+                return None
             db = dict(_conninfo(value.conninfo)).get("dbname", "")
-            kwargs = {k: v for k, v in (value.kwargs or {}).items() if k in ("autocommit", "prepare_threshold")}
             return {
                 "kind": "pg_pool",
                 "async": isinstance(value, psycopg_pool.AsyncConnectionPool),

@@ -18,6 +18,7 @@ command refused (``CONFIG``, ``MODULE``, ``SAVE``, ``DEBUG``, ``SHUTDOWN``, ``RE
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
@@ -28,6 +29,9 @@ import redis
 from psycopg import sql
 
 ROLE_PREFIX = "course_run_"
+#: Superuser-only settings the run's role may set for its own sessions (PostgreSQL 15+): chapter 10's
+#: check gives the second replica's pool ``-c deadlock_timeout=...`` so the same transfer loses every run.
+SETTABLE = ("deadlock_timeout",)
 
 #: What the run's Redis user may not run, beyond the ``@admin`` and ``@dangerous`` categories.
 REDIS_REFUSED = ("select", "swapdb", "move", "copy", "migrate", "monitor", "sync", "psync", "failover", "client")
@@ -55,6 +59,11 @@ class RunPrivileges:
             )
             conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(sql.Identifier(self.name), sql.Literal(stamp)))
             conn.execute(sql.SQL("ALTER ROLE {} SET search_path = learner, public").format(sql.Identifier(self.name)))
+            if conn.info.server_version >= 150000:  # a superuser-only setting a check gives one pool (chapter 10)
+                for name in SETTABLE:
+                    conn.execute(
+                        sql.SQL("GRANT SET ON PARAMETER {} TO {}").format(sql.Identifier(name), sql.Identifier(self.name))
+                    )
         rules = ["on", f">{self.password}", "~*", "resetchannels", "+@all", "-@admin", "-@dangerous"]
         rules += [f"+{c}" for c in REDIS_ALLOWED if "|" not in c] + [f"-{c}" for c in REDIS_REFUSED]
         rules += [f"+{c}" for c in REDIS_ALLOWED if "|" in c]
@@ -104,6 +113,14 @@ class RunPrivileges:
 def drop_role(admin_database_url: str, name: str) -> bool:
     try:
         with psycopg.connect(admin_database_url, autocommit=True) as conn:
+            if conn.info.server_version >= 150000:
+                for setting in SETTABLE:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute(
+                            sql.SQL("REVOKE ALL ON PARAMETER {} FROM {}").format(
+                                sql.Identifier(setting), sql.Identifier(name)
+                            )
+                        )
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
         return True
     except psycopg.Error:

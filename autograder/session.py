@@ -350,6 +350,9 @@ class Session:
         local_idle = local_idle or _local_idle
         while True:
             await local_idle()
+            # A consistent look: a gateway that wrote nothing to its learner from before the ping until
+            # after its own look cannot have woken a learner that said it was idle with nothing unread.
+            written = [x.redis_gate.written for x in self.learners]
             conns = [x.conn for x in self.learners if x.conn.alive]
             pongs = await asyncio.gather(*(c.ping() for c in conns), return_exceptions=True)
             await local_idle()
@@ -357,7 +360,10 @@ class Session:
                 not isinstance(p, BaseException) and p.get("received") == c.sent and c.received == p.get("sent", -2) + 1
                 for c, p in zip(conns, pongs, strict=True)
             )
-            if quiet and redis and any(x.redis_gate.in_flight() or not x.redis_gate.drained() for x in self.learners):
+            if quiet and redis and (
+                any(x.redis_gate.in_flight() or not x.redis_gate.drained() for x in self.learners)
+                or written != [x.redis_gate.written for x in self.learners]
+            ):
                 quiet = False
                 await asyncio.sleep(0.001)
             if quiet and busy is not None and await busy():

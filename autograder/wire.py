@@ -60,6 +60,37 @@ _serving: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVa
 #: The event loop whose objects these are, for objects made in a thread without one (a check's
 #: ``asyncio.to_thread``): set where a check starts (:meth:`autograder.session.RemoteNamespace.bind`).
 home_loop: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = contextvars.ContextVar("home_loop", default=None)
+#: Who made the call being served: (this connection, the calling side's task number), see :func:`caller`.
+_caller: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("caller", default=None)
+_task_numbers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_next_task = itertools.count(1)
+
+
+def _task_number() -> int | None:
+    """A number for the running task, the same for every call it makes (``id()`` can be reused)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return None
+    if task is None:
+        return None
+    number = _task_numbers.get(task)
+    if number is None:
+        number = _task_numbers[task] = next(_next_task)
+    return number
+
+
+def caller():
+    """The task a call came from: ``asyncio.current_task()`` in one process; across the wire, a
+    token that is the same for every call the other side's task makes (each call is served in a
+    task of its own here, so the task this side runs in says nothing of who called)."""
+    remote = _caller.get()
+    if remote is not None:
+        return remote
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 # ----------------------------------------------------------------------------- the connection
@@ -315,15 +346,18 @@ class Conn:
 
     def _serve_sync(self, msg: dict) -> None:
         token = _serving.set((id(self), msg["id"]))
+        by = _caller.set((id(self), msg["by"]) if msg.get("by") else None)
         try:
             self._reply(msg, self._execute(msg))  # an awaitable result crosses as a handle to await
         except BaseException as err:  # noqa: BLE001 - whatever the callee raised goes back
             self._reply_error(msg, err)
         finally:
+            _caller.reset(by)
             _serving.reset(token)
 
     async def _serve_async(self, msg: dict) -> None:
         _serving.set((id(self), msg["id"]))
+        _caller.set((id(self), msg["by"]) if msg.get("by") else None)
         try:
             result = self._execute(msg)
             if inspect.isawaitable(result):
@@ -393,7 +427,7 @@ class Conn:
         rid = next(self._ids)
         current = _serving.get()
         chain = current[1] if current is not None and current[0] == id(self) else None
-        msg = {"op": op, "id": rid, "h": hid, "chain": chain, "async": is_async}
+        msg = {"op": op, "id": rid, "h": hid, "chain": chain, "async": is_async, "by": _task_number()}
         if not is_async and not _loop_running():
             msg["bare"] = threading.get_ident()  # from a thread with no event loop (asyncio.to_thread): served alike
         if name is not None:

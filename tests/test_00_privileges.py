@@ -106,6 +106,8 @@ def test_the_run_role_is_no_superuser_and_holds_no_dangerous_role(learner_sql, r
         ("an extension", "CREATE EXTENSION IF NOT EXISTS vector", "permission denied"),
         ("a schema", "CREATE SCHEMA mine", "permission denied"),
         ("the server's settings", "ALTER SYSTEM SET max_connections = 5", "permission denied"),
+        ("a superuser-only setting", "SET session_replication_role = replica", "permission denied"),
+        ("the server's log", "SET log_min_messages = debug5", "permission denied"),
         ("another role", "SET ROLE postgres", "permission denied"),
         ("a superuser session", "SET SESSION AUTHORIZATION postgres", "permission denied"),
         ("a database", "CREATE DATABASE mine", "permission denied"),
@@ -122,6 +124,13 @@ def test_the_run_role_is_no_superuser_and_holds_no_dangerous_role(learner_sql, r
 def test_the_run_role_is_refused(learner_sql, what, statement, says):
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match=says):
         learner_sql.execute(statement)
+
+
+def test_the_run_role_sets_only_the_settings_a_check_gives_it(learner_sql, run):
+    """Chapter 10's check gives one pool ``-c deadlock_timeout=5s``; the role may set that and nothing
+    else a superuser alone may (the grant is revoked with the role, or DROP ROLE would fail)."""
+    learner_sql.execute("SET deadlock_timeout = '5s'")
+    assert learner_sql.execute("SHOW deadlock_timeout").fetchone() == ("5s",)
 
 
 def test_the_run_role_reads_and_writes_the_runs_tables(learner_sql):
