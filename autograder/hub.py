@@ -355,6 +355,39 @@ def _per_account(spawner, settings: dict) -> None:
 
 # ----------------------------------------------------------------------------- one account's server
 
+#: Kubernetes (deploy/z2jh/values.yaml): every pod's uid is made from its login, so that files in the
+#: shared exchange tell learners apart as they do on one machine. The hub's extraConfig computes the
+#: same number (tests/test_00_deploy.py holds the two together).
+POD_UID_BASE, POD_UID_RANGE = 20000, 1_000_000
+
+
+def pod_uid(login: str) -> int:
+    import zlib
+
+    return POD_UID_BASE + zlib.crc32(login.encode()) % POD_UID_RANGE
+
+
+def pod_accounts(course: Path, passwd: Path = Path("/etc/passwd")) -> list[str]:
+    """In the instructor's pod: name the roster's pod uids in ``passwd``, so that collect's owner
+    check reads a folder's owner as the learner's login. Returns what it says (collisions included)."""
+    lines = passwd.read_text().splitlines()
+    known = {line.split(":")[0] for line in lines if line}
+    taken = {int(line.split(":")[2]): line.split(":")[0] for line in lines if line.count(":") >= 2}
+    said, added = [], []
+    for login in roster(course):
+        uid = pod_uid(login)
+        if login in known:
+            continue
+        if uid in taken:
+            said.append(f"{login} and {taken[uid]} share the pod uid {uid}: collect cannot tell them apart")
+            continue
+        taken[uid] = login
+        added.append(f"{login}:x:{uid}:100::/home/jovyan:/usr/sbin/nologin")
+    if added:
+        passwd.write_text("\n".join([*lines, *added]) + "\n")
+        said.append(f"{len(added)} learner(s) of the roster named in {passwd} (pod uids)")
+    return said
+
 
 def singleuser(argv: list[str]) -> int:
     """One account's server: its own embedded Redis and PostgreSQL, then ``jupyterhub-singleuser``.
@@ -371,6 +404,9 @@ def singleuser(argv: list[str]) -> int:
             cd = arg.split("=", 1)[1]
         else:
             rest.append(arg)
+    if cd and os.environ.get("COURSE_POD_ACCOUNTS") and os.access("/etc/passwd", os.W_OK):
+        for line in pod_accounts(Path(cd)):
+            print(f"course hub: {line}", file=sys.stderr, flush=True)
     srv = backends.servers()
     env = {**os.environ, **srv.as_env(), "COURSE_BACKEND": "env"}
     proc = subprocess.Popen([sys.executable, "-m", "jupyterhub.singleuser", *rest], env=env, cwd=cd)
