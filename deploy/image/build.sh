@@ -14,7 +14,8 @@ if [ -e solutions ]; then
     exit 2
 fi
 version="$(sed -n 's/^ *- python=\([0-9.]*\).*/\1/p' environment.yml)"
-python="${PYTHON:-$(command -v "python$version" || true)}"
+# the distribution's interpreter first: a venv made from one under /root (pyenv) is not another account's to run
+python="${PYTHON:-$( [ -x "/usr/bin/python$version" ] && echo "/usr/bin/python$version" || command -v "python$version" || true)}"
 if [ -z "$python" ]; then
     echo "build: environment.yml asks for Python $version, and python$version is not here" >&2
     exit 2
