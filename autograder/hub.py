@@ -204,13 +204,13 @@ def learners_python(python: str) -> tuple[dict[str, str], list[str]]:
                 warnings.append(
                     f"the learners' servers import the course from {solutions.parent}, whose solutions/ every account "
                     "can read: give the hub a Python installed from the hand-out (docs/INSTRUCTORS.md, "
-                    "'A class on JupyterHub', step 2) and pass it with --python"
+                    "section 13, step 3) and pass it with --python"
                 )
             return {"python": exe, **extra}, warnings
         why = why or (proc.stderr.strip().splitlines() or ["?"])[-1]
     raise HubError(
         f"an account other than root cannot run {python} with the course's packages ({why}): install the class's "
-        "Python where every account can read it (docs/INSTRUCTORS.md, 'A class on JupyterHub', step 2) and pass "
+        "Python where every account can read it (docs/INSTRUCTORS.md, section 13, step 3) and pass "
         "it with --python"
     )
 

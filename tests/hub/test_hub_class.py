@@ -258,6 +258,10 @@ def _the_class(hub: Hub, browser) -> None:
         assert f"{got:g} / {most:g}" in text or f"{got} / {most}" in text, f"{who}: {text[:400]}"
         shot(page, f"{who}-08-feedback")
 
+    # ---- the idle culler ran beside the hub and read its list of users
+    log = hub.log.read_text(errors="replace")
+    assert "Starting service 'idle-culler'" in log and "(idle-culler@127.0.0.1)" in log, "the idle culler never ran"
+
 
 def _scores(course: Path) -> dict[str, tuple[float, float]]:
     """student -> (score, max score) of chapter 00, from the gradebook."""
