@@ -215,6 +215,34 @@ def learners_python(python: str) -> tuple[dict[str, str], list[str]]:
     )
 
 
+def instructors_python(login: str) -> dict[str, str]:
+    """The Python of the instructors' servers: the one running ``course hub``, checked as ``login``.
+
+    Formgrader grades with it: the grading sandbox shows the course's code from the folder this
+    Python's install of the course points at, so it must be the course directory's own venv (or
+    one installed from the same checkout), never the class's Python of the hand-out.
+    """
+    account = _account(login)
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {NEEDS}"],
+        env={"PATH": "/usr/bin:/bin", "HOME": account.pw_dir, "LANG": "C.UTF-8"},
+        user=account.pw_uid,
+        group=account.pw_gid,
+        extra_groups=[],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise HubError(
+            f"{login} cannot run {sys.executable} with the hub's packages ({why}): run course hub with your course "
+            "directory's venv, with the hub extra in it (`.venv/bin/pip install -c constraints.txt -e '.[hub]'`)"
+        )
+    return {"python": sys.executable}
+
+
 def _open_to_nobody(path: Path, nobody: pwd.struct_passwd) -> bool:
     proc = subprocess.run(
         ["ls", str(path)], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], capture_output=True, cwd="/"
@@ -305,8 +333,7 @@ def configure(c, settings: dict) -> None:
         c.NativeAuthenticator.open_signup = False  # a sign-up waits for an instructor's approval
     c.JupyterHub.load_groups = {GROUP: {"users": list(settings["instructors"])}}
 
-    python = settings["python"]
-    c.Spawner.cmd = [python["python"], "-m", "autograder.hub", "singleuser"]
+    c.Spawner.cmd = [settings["python"]["python"], "-m", "autograder.hub", "singleuser"]  # each account's: below
     c.Spawner.default_url = "/lab"
     c.Spawner.start_timeout = 180  # a 2-core machine starting a lab and its servers for several learners at once
     c.Spawner.http_timeout = 180
@@ -333,17 +360,19 @@ def is_instructor(user, settings: dict) -> bool:
 
 
 def _per_account(spawner, settings: dict) -> None:
-    """An instructor's server starts in the course directory with formgrader; a learner's in their home without."""
-    python = settings["python"]
-    bin_dir = str(Path(python["python"]).parent) if not python.get("PYTHONPATH") else str(Path(sys.executable).parent)
+    """An instructor's server starts in the course directory with formgrader and the Python that runs
+    ``course hub`` (the course directory's, which formgrader grades with); a learner's in their home
+    with the class's Python, without formgrader."""
     instructor = is_instructor(spawner.user, settings)
+    python = settings["instructor_python"] if instructor else settings["python"]
     config_path = [str(Path(settings["state"]) / "jupyter")] + ([] if instructor else [str(LEARNER_CONFIG)])
     env = {
-        "PATH": os.pathsep.join([bin_dir, "/usr/local/bin", "/usr/bin", "/bin"]),
+        "PATH": os.pathsep.join([str(Path(python["python"]).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
         "JUPYTER_CONFIG_PATH": os.pathsep.join(config_path),
         "LANG": "C.UTF-8",
         **{k: v for k, v in python.items() if k != "python"},
     }
+    spawner.cmd = [python["python"], "-m", "autograder.hub", "singleuser"]
     spawner.environment = {**spawner.environment, **env}
     if instructor:
         spawner.notebook_dir = settings["course"]
@@ -458,6 +487,8 @@ def prepare(args: argparse.Namespace) -> Path:
     say(make_exchange(Path(args.exchange)))
     python, warnings = learners_python(args.python)
     say(f"the learners' Python: {python['python']} (an account with no rights of its own runs it)")
+    instructor_python = instructors_python(instructors[0])
+    say(f"the instructors' Python: {sys.executable} (the one running course hub: formgrader grades with it)")
     for warning in warnings:
         say(f"warning: {warning}")
     learners = roster(course)
@@ -479,6 +510,7 @@ def prepare(args: argparse.Namespace) -> Path:
         "auth": args.auth,
         "cull_idle": args.cull_idle,
         "python": python,
+        "instructor_python": instructor_python,
         "proxy": path,
         "proxy_env": proxy_env,
         "exchange": str(Path(args.exchange).resolve()),

@@ -73,7 +73,7 @@ def _extra_config() -> SimpleNamespace:
 
 def _spawner(name: str) -> SimpleNamespace:
     return SimpleNamespace(
-        user=SimpleNamespace(name=name), volumes=[], volume_mounts=[], environment={}, notebook_dir="", args=[]
+        user=SimpleNamespace(name=name), volumes=[], volume_mounts=[], environment={}, notebook_dir="", args=[], cmd=[]
     )
 
 
@@ -90,6 +90,7 @@ def test_instructors_get_the_course_volume_and_formgrader_and_learners_the_learn
         spawner = _spawner(login)
         c.KubeSpawner.pre_spawn_hook(spawner)
         assert spawner.args == ["--cd=/srv/course/workbook"] and spawner.environment["COURSE_POD_ACCOUNTS"]
+        assert "/srv/course/workbook/.venv/bin/python" in spawner.cmd[2]  # the course's own venv grades
         assert [v["persistentVolumeClaim"]["claimName"] for v in spawner.volumes] == ["class-course"]
     learner = _spawner("ada")
     c.KubeSpawner.pre_spawn_hook(learner)
@@ -108,6 +109,7 @@ def test_the_grading_jobs_run_as_the_instructors_pod_uid_with_a_course_grade_it_
     for job in (shards, record):
         assert job["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == hub.pod_uid(teach)
     grade = container["args"][0]
+    assert grade.startswith("exec /srv/course/workbook/.venv/bin/course grade")  # the course directory's venv
     for flag in ("--shard", "--cache", "--no-record"):
         assert flag in grade
     helped = subprocess.run(

@@ -84,19 +84,21 @@ def test_login_is_allowed_to_the_instructors_and_to_whoever_the_roster_names_whe
 
 def _spawner(name: str, groups=()):
     user = SimpleNamespace(name=name, groups=[SimpleNamespace(name=g) for g in groups])
-    return SimpleNamespace(user=user, environment={"KEEP": "1"}, notebook_dir="", args=[])
+    return SimpleNamespace(user=user, environment={"KEEP": "1"}, notebook_dir="", args=[], cmd=[])
 
 
-def test_an_instructors_server_starts_in_the_course_with_formgrader_and_a_learners_at_home_without(tmp_path):
+def test_an_instructors_server_runs_the_hubs_python_in_the_course_and_a_learners_the_class_python_at_home(tmp_path):
     settings = {
         "instructors": ["teach"],
         "course": str(tmp_path),
         "state": str(tmp_path / "state"),
-        "python": {"python": sys.executable},
+        "python": {"python": "/opt/class/.venv/bin/python"},
+        "instructor_python": {"python": sys.executable},
     }
     for spawner in (_spawner("teach"), _spawner("helper", groups=[hub.GROUP])):
         hub._per_account(spawner, settings)
         assert spawner.notebook_dir == str(tmp_path) and spawner.args == [f"--cd={tmp_path}"]
+        assert spawner.cmd == [sys.executable, "-m", "autograder.hub", "singleuser"]  # formgrader grades with it
         assert str(hub.LEARNER_CONFIG) not in spawner.environment["JUPYTER_CONFIG_PATH"]
     learner = _spawner("ada")
     hub._per_account(learner, settings)
@@ -104,7 +106,8 @@ def test_an_instructors_server_starts_in_the_course_with_formgrader_and_a_learne
     config_path = learner.environment["JUPYTER_CONFIG_PATH"].split(os.pathsep)
     assert config_path == [str(tmp_path / "state" / "jupyter"), str(hub.LEARNER_CONFIG)]
     assert learner.environment["KEEP"] == "1"
-    assert learner.environment["PATH"].startswith(str(Path(sys.executable).parent))
+    assert learner.cmd == ["/opt/class/.venv/bin/python", "-m", "autograder.hub", "singleuser"]
+    assert learner.environment["PATH"].startswith("/opt/class/.venv/bin:")
 
 
 def test_the_hubs_files_are_closed_and_the_class_configuration_open(tmp_path):

@@ -5,8 +5,12 @@ afterwards) with passwords, so the hub's PAM login, its spawner (each server as 
 account) and collect's owner check run as they do on a class's server. The instructor's course
 directory is laid out as the instructor-flow test lays it (chapter 00, the repository's
 ``nbgrader_config.py`` and ``autograder``), with the roster imported and chapter 00 assigned by
-the instructor's own ``course assign``, as docs/INSTRUCTORS.md says. The exchange and the hub's
-own files are in a temporary folder. Screenshots go to ``artifacts/hub/``.
+the instructor's own ``course assign``, as docs/INSTRUCTORS.md says. The class's Python is made as
+section 13, step 3 makes it: the hand-out (``git archive`` without ``solutions/``) unpacked and
+``deploy/image/build.sh`` run on it, and given to the learners' servers (``--python``); the hub,
+and the instructor's server, run the course directory's own venv (the checkout's). The
+exchange, the class's Python and the hub's own files are in a temporary folder. Screenshots go to
+``artifacts/hub/``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.helpers import make_handout
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -165,10 +171,25 @@ def hub():
         teach.run(str(VENV_BIN / "course"), "assign", CH00, cwd=course)
         seconds = {"roster and course assign": time.perf_counter() - started}
 
+        started = time.perf_counter()
+        opt = base / "opt" / "resilient-course"  # section 13, step 3: the class's Python, from the hand-out
+        opt.mkdir(parents=True)
+        for folder in (opt.parent, opt):
+            folder.chmod(0o755)
+        subprocess.run(["tar", "-xf", str(make_handout(base / "workbook.tar")), "-C", str(opt)], check=True)
+        built = subprocess.run(
+            ["bash", str(opt / "deploy" / "image" / "build.sh"), str(opt)], capture_output=True, text=True, timeout=900
+        )
+        assert built.returncode == 0, f"build.sh failed:\n{(built.stdout + built.stderr)[-4000:]}"
+        seconds["the class's Python (build.sh)"] = time.perf_counter() - started
+        python = opt / ".venv" / "bin"
+
         port = _free_ports()
         exchange = base / "exchange"
         log = base / "hub.log"
+        # as the docs run it: the course directory's venv (here the checkout's), the class's Python for learners
         cmd = [str(VENV_BIN / "course"), "hub", "--course", str(course), "--instructor", teach.login]
+        cmd += ["--python", str(python / "python")]
         cmd += ["--ip", "127.0.0.1", "--port", str(port), "--state", str(base / "state"), "--exchange", str(exchange)]
         started = time.perf_counter()
         proc = subprocess.Popen(

@@ -130,6 +130,7 @@ def test_a_class_on_jupyterhub(hub: Hub, browser):
 def _the_class(hub: Hub, browser) -> None:
     teach, ada, bob = hub.instructor, hub.learners["ada"], hub.learners["bob"]
     assert "course hub: the proxy:" in hub.said and "configuration:" in hub.said, hub.said
+    assert "warning" not in hub.said, hub.said  # the class's Python holds no solutions/
 
     # ---- logins: PAM, each server spawned as its own account
     pages = {}
