@@ -224,11 +224,17 @@ def hub():
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        uids = []
         for login in created:
+            uids.append(pwd.getpwnam(login).pw_uid)
             subprocess.run(["pkill", "-KILL", "-u", login], capture_output=True)
         time.sleep(0.5)
         for login in created:
             subprocess.run(["userdel", login], capture_output=True)
+        # the accounts' runtime folders (their servers' parent folder, left when the servers stop): a later
+        # account given the same uid must find none (the shared-machine tests plant one there)
+        for uid in uids:
+            shutil.rmtree(f"/tmp/resilient-course-{uid}", ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
 
 
