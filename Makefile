@@ -11,7 +11,7 @@ READY  := $(VENV)/.installed
 SLOW_IMPORTS := rfc3987-syntax lark
 PYTEST_ARGS ?=
 
-.PHONY: lab test test-browser test-python test-determinism release doctor check bench clean
+.PHONY: lab test test-browser test-hub test-image test-python test-determinism release doctor check bench clean
 
 $(READY): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed, found " + sys.version.split()[0])'
@@ -39,6 +39,23 @@ test-browser: $(READY)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/browser/setup.sh
 	PATH="$(CURDIR)/$(BIN):$$PATH" COURSE_BROWSER_TESTS=1 BROWSER_CHAPTERS="$(BROWSER_CHAPTERS)" \
 		$(BIN)/python -m pytest -p no:xdist tests/browser $(PYTEST_ARGS)
+
+## A class on a real JupyterHub (`course hub`), as root: an instructor and two learners (real accounts)
+## log in with headless Chromium, release, fetch, Validate, submit, collect, autograde and return feedback
+## (installs chromium, playwright and the hub extra when missing; screenshots in artifacts/hub/)
+test-hub: $(READY)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,hub]'
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/browser/setup.sh
+	bash tests/setup_sandbox.sh
+	PATH="$(CURDIR)/$(BIN):$$PATH" COURSE_HUB_TESTS=1 $(BIN)/python -m pytest -p no:xdist -s tests/hub $(PYTEST_ARGS)
+
+## The single-user image's build steps (deploy/image/build.sh) on a hand-out in a temporary folder, as a script:
+## no Docker engine needed (what deploy/image/Dockerfile runs, minus the base image)
+test-image:
+	rm -rf .course/image && mkdir -p .course/image
+	git archive --format=tar HEAD -- . ':(exclude)solutions' | tar -xf - -C .course/image
+	chmod 755 .course .course/image
+	bash .course/image/deploy/image/build.sh .course/image
 
 ## The oldest and newest Python the README claims: the harness, the wire to a learner's process and four
 ## chapters' solutions graded through course check (00's basics, 05's asyncio consumers, 10's

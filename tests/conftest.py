@@ -15,8 +15,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("COURSE_STATE", os.path.join(tempfile.mkdtemp(prefix="course-state-"), "state.sqlite3"))
 
 # The browser tests drive JupyterLab in Chromium and need their own setup: `make test-browser`.
-if not os.environ.get("COURSE_BROWSER_TESTS"):
-    collect_ignore = ["browser"]
+# The hub tier starts JupyterHub with real accounts, as root: `make test-hub`.
+collect_ignore = [
+    *([] if os.environ.get("COURSE_BROWSER_TESTS") else ["browser"]),
+    *([] if os.environ.get("COURSE_HUB_TESTS") else ["hub"]),
+]
 
 
 @pytest.fixture

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import textwrap
 from pathlib import Path
 
 from autograder.harness import Result, get_task, run_cell, run_task
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def run_source(task_id: str, source: str, extra: dict | None = None) -> Result:
@@ -137,3 +141,33 @@ def account_python(
         if proc.returncode == 0:
             return exe, extra
     return None
+
+
+def make_handout(dest: Path) -> Path:
+    """The docs' hand-out: ``git archive`` of the repository without ``solutions/`` (working tree's tracked files),
+    as a tar file at ``dest``."""
+    rev = subprocess.run(["git", "-C", str(REPO), "stash", "create"], capture_output=True, text=True).stdout.strip()
+    proc = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(REPO),
+            "archive",
+            "--format=tar",
+            "-o",
+            str(dest),
+            rev or "HEAD",
+            "--",
+            ".",
+            ":(exclude)solutions",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:  # not a git checkout: the same files, copied
+        stage = dest.with_suffix(".d")
+        shutil.copytree(REPO, stage, ignore=shutil.ignore_patterns(".git", ".venv*", "solutions", "__pycache__"))
+        subprocess.run(["tar", "-cf", str(dest), "-C", str(stage), "."], check=True)
+        shutil.rmtree(stage)
+    dest.chmod(0o644)
+    return dest

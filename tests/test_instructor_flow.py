@@ -51,7 +51,7 @@ from pathlib import Path
 import pytest
 
 from autograder import settings
-from tests.helpers import account_python
+from tests.helpers import account_python, make_handout
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -217,35 +217,6 @@ def _remove_stale_accounts() -> None:
             subprocess.run(["userdel", entry.pw_name], capture_output=True)
 
 
-def _handout(dest: Path) -> Path:
-    """The docs' hand-out: ``git archive`` of the repository without ``solutions/`` (working tree's tracked files)."""
-    rev = subprocess.run(["git", "-C", str(REPO), "stash", "create"], capture_output=True, text=True).stdout.strip()
-    proc = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(REPO),
-            "archive",
-            "--format=tar",
-            "-o",
-            str(dest),
-            rev or "HEAD",
-            "--",
-            ".",
-            ":(exclude)solutions",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:  # not a git checkout: the same files, copied
-        stage = dest.with_suffix(".d")
-        shutil.copytree(REPO, stage, ignore=shutil.ignore_patterns(".git", ".venv*", "solutions", "__pycache__"))
-        subprocess.run(["tar", "-cf", str(dest), "-C", str(stage), "."], check=True)
-        shutil.rmtree(stage)
-    dest.chmod(0o644)
-    return dest
-
-
 @dataclass
 class Machine:
     base: Path
@@ -342,7 +313,7 @@ def machine():
         ienv.update(backends.servers().as_env(), COURSE_BACKEND="env", MPLBACKEND="Agg")  # `course up --export`
         course = ihome / "workbook"
         _course_dir(course)
-        handout = _handout(base / "srv" / "workbook.tar")
+        handout = make_handout(base / "srv" / "workbook.tar")
 
         learners = None
         if real:

@@ -8,6 +8,7 @@ course assign CHAPTER    instructors: record a chapter in the gradebook as you h
 course grade ASSIGNMENT  instructors: autograde a whole class, in parallel
 course drill             interview drills with spaced repetition (course.drill), or --export deck.apkg
 course progress          per chapter: the last graded score and the drill cards due and mastered
+course hub               instructors, as root: the class on JupyterHub on this machine (autograder.hub)
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ REQUIREMENTS = [
     ("temporalio", "temporalio"),
     ("fsrs", "fsrs"),
     ("genanki", "genanki"),
+    ("rich", "rich"),
     ("psutil", "psutil"),
     ("pytest", "pytest"),
 ]
@@ -655,7 +657,12 @@ def main(argv: list[str] | None = None) -> int:
         ("progress", "per chapter: last graded score, drill cards due and mastered"),
     ):
         sub.add_parser(name, help=what, add_help=False)
+    sub.add_parser(
+        "hub", help="instructors, as root: the class on JupyterHub on this machine", add_help=False
+    )
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hub"]:  # every option is autograder.hub's; it becomes JupyterHub (signals reach it)
+        os.execv(sys.executable, [sys.executable, "-m", "autograder.hub", *argv[1:]])
     if argv[:1] in (["drill"], ["progress"]):  # every option is course.drill's own
         return drill_cmd(argparse.Namespace(command=argv[0], rest=argv[1:]))
     if argv[:1] == ["handout"]:  # autograder.handout's own options
