@@ -38,7 +38,9 @@ def tracked_files(repo: Path = REPO) -> list[str]:
     except (OSError, subprocess.SubprocessError):
         skip = re.compile(r"(^|/)(\.git|\.venv[^/]*|__pycache__|\.pytest_cache|\.ruff_cache)(/|$)")
         return sorted(
-            str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file() and not skip.search(str(p.relative_to(repo)))
+            str(p.relative_to(repo))
+            for p in repo.rglob("*")
+            if p.is_file() and not skip.search(str(p.relative_to(repo)))
         )
 
 
@@ -122,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="course handout", description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path, help="a folder to write, or a .tar.gz")
-    parser.add_argument("--chapters", nargs="+", metavar="NN", help="chapters whose answers to leave out (default: all)")
+    parser.add_argument(
+        "--chapters", nargs="+", metavar="NN", help="chapters whose answers to leave out (default: all)"
+    )
     parser.add_argument("--release", nargs="+", default=[], metavar="NN", help="chapters whose answers to keep")
     args = parser.parse_args(argv)
     known = [c for c in harness.chapters() if references_of(c)]
@@ -130,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     release = [c.zfill(2)[:2] for c in args.release]
     unknown = sorted(set(wanted + release) - set(harness.chapters()))
     if unknown:
-        print(f"course handout: no chapter {', '.join(unknown)} (known: {', '.join(harness.chapters())})", file=sys.stderr)
+        print(
+            f"course handout: no chapter {', '.join(unknown)} (known: {', '.join(harness.chapters())})", file=sys.stderr
+        )
         return 2
     if args.dest.exists() and (args.dest.is_file() or any(args.dest.iterdir())):
         print(f"course handout: {args.dest} exists and is not empty: choose a new place", file=sys.stderr)

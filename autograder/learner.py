@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import contextvars
 import io
 import json
 import linecache
@@ -31,6 +32,8 @@ import socket
 import sys
 import time
 import types
+import weakref
+from pathlib import Path
 
 from autograder import values, wire
 
@@ -132,6 +135,13 @@ def _lazy_pool():
     from psycopg_pool import AsyncConnectionPool
 
     class Pool(AsyncConnectionPool):
+        async def open(self, *args, **kwargs) -> None:
+            token = _opening.set(True)  # its workers and scheduler, and what they start, are the pool's
+            try:
+                await super().open(*args, **kwargs)
+            finally:
+                _opening.reset(token)
+
         @asynccontextmanager
         async def connection(self, timeout: float | None = None):
             await self.open()
@@ -240,6 +250,15 @@ class Root:
     def delete(self, name: str) -> None:
         self.namespace.pop(name, None)
 
+    def task_ended(self, number: int):
+        """How this process's task ``number`` ended (:func:`autograder.wire.ended`)."""
+        return wire.ending_of(number)
+
+    def call_seeing_args(self, name: str, args: list) -> list:
+        """``[name(*args), args]``: the arguments as the answer left them (plain data crossed as copies,
+        so a check sees a list the answer emptied only here)."""
+        return [self.namespace[name](*args), args]
+
     def call_with(self, name: str, names: dict, modules: dict, calls: list) -> list:
         """``name(*args)`` for each of ``calls``, from a replica of its cell run with ``names`` in its globals
         and ``modules`` (``{"course.shortener": {"CODE_KEY": ...}}``) patched meanwhile (then put back)."""
@@ -274,19 +293,40 @@ class Root:
         self._marks.append((loop_timers(self.loop), asyncio.all_tasks(self.loop)))
         return len(self._marks) - 1
 
-    def loop_fire(self, mark: int) -> int:
-        from autograder.loops import fire_timers
-
-        return fire_timers(self.loop, self._marks[mark][0])
-
-    def loop_left_running(self, mark: int) -> bool:
+    def _answers_timers(self, mark: int) -> tuple[list, list]:
+        """Timers and tasks made since ``mark`` by the answer: not by this process's machinery (a pool
+        the check handed over opens on first use, after the mark, and its workers and scheduler are the
+        library's; a call the grader has in progress is the grader's)."""
         from autograder.loops import loop_timers
 
         old, old_tasks = self._marks[mark]
         known = {id(h) for h in old}
-        return any(id(h) not in known for h in loop_timers(self.loop)) or any(
-            not t.done() for t in asyncio.all_tasks(self.loop) - old_tasks
-        )
+        everything = asyncio.all_tasks(self.loop)
+        tasks = [t for t in everything - old_tasks if not t.done()]
+        machinery = [t for t in everything if _machinery(t)]  # of any age: this process's watch loop sleeps too
+        waits = {id(t._fut_waiter) for t in machinery if getattr(t, "_fut_waiter", None) is not None}  # noqa: SLF001
+        theirs = {id(t) for t in machinery}
+
+        def owned(handle) -> bool:
+            args = getattr(handle, "_args", None) or ()
+            if args and id(args[0]) in waits:  # asyncio.sleep / wait_for of a machinery task
+                return True
+            owner = getattr(getattr(handle, "_callback", None), "__self__", None)
+            return id(getattr(owner, "_task", None)) in theirs  # asyncio.timeout of one
+
+        timers = [h for h in loop_timers(self.loop) if id(h) not in known and not owned(h)]
+        return timers, [t for t in tasks if id(t) not in theirs]
+
+    def loop_fire(self, mark: int) -> int:
+        from autograder.loops import fire_timers
+
+        timers, _ = self._answers_timers(mark)
+        mine = {id(h) for h in timers}
+        return fire_timers(self.loop, [h for h in self.loop._scheduled if id(h) not in mine])  # noqa: SLF001
+
+    def loop_left_running(self, mark: int) -> bool:
+        timers, tasks = self._answers_timers(mark)
+        return bool(timers or tasks)
 
     def seed_random(self, seed) -> None:
         """Seed this process's ``random`` for one check (:func:`autograder.probes.seeded_random`)."""
@@ -314,6 +354,28 @@ class Root:
         import gc
 
         gc.collect()
+
+
+#: Tasks of a pool's own (psycopg_pool's workers and scheduler, and the tasks they start): made while
+#: ``_opening`` was set, or by one of them (a task starts in a copy of its creator's context).
+_MACHINERY: weakref.WeakSet = weakref.WeakSet()
+_opening: contextvars.ContextVar[bool] = contextvars.ContextVar("opening", default=False)
+
+
+def _task_factory(loop, coro, **kwargs):
+    task = asyncio.Task(coro, loop=loop, **kwargs)
+    if _opening.get():
+        _MACHINERY.add(task)
+    return task
+
+
+def _machinery(task: asyncio.Task) -> bool:
+    """A task of a pool's (see ``_MACHINERY``) or of the wire's (a call of the grader's in progress)."""
+    if task in _MACHINERY:
+        return True
+    coro = task.get_coro()
+    code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+    return (getattr(code, "co_filename", "") or "").startswith(str(Path(__file__).parent))
 
 
 async def _until_idle(skip_fd: int = -1) -> None:
@@ -437,6 +499,7 @@ def main() -> int:
     os.environ.setdefault("NBGRADER_EXECUTION", "autograde")
     os.environ.setdefault("MPLBACKEND", "Agg")
     loop = asyncio.new_event_loop()
+    loop.set_task_factory(_task_factory)
     asyncio.set_event_loop(loop)
     root = Root(loop)
 

@@ -183,8 +183,14 @@ class Gate:
                             continue
                 calm, last = 0, None
                 if os.environ.get("COURSE_DEBUG_LOCKSTEP"):  # what each round holds, for a grader's developer
-                    print("round", self.rounds, [[h[1][0] for h in g.held] for g in gates()], links,
-                          len(running), file=sys.__stderr__)
+                    print(
+                        "round",
+                        self.rounds,
+                        [[h[1][0] for h in g.held] for g in gates()],
+                        links,
+                        len(running),
+                        file=sys.__stderr__,
+                    )
                 if links:
                     self.rounds += 1
                     self.commands += commands

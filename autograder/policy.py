@@ -111,6 +111,15 @@ class GraderPolicy(wire.Policy):
             return inspect.isawaitable(obj)
         return False
 
+    def chains(self, obj, name: str, function) -> bool:
+        import redis.asyncio.client
+        import redis.client
+
+        if not isinstance(obj, (redis.asyncio.client.Pipeline, redis.client.Pipeline)):
+            return False
+        module = getattr(function, "__module__", "") or ""
+        return module.startswith("redis.commands") and name != "register_script"
+
     def returns_awaitable(self, obj, name: str, function) -> bool:
         import redis.asyncio
         from redis.asyncio.client import Pipeline
@@ -119,7 +128,11 @@ class GraderPolicy(wire.Policy):
         if not isinstance(client, redis.asyncio.Redis) or isinstance(client, Pipeline):
             return False  # a pipeline's commands return the pipeline (a Pipeline is a Redis too); a sync client's, the reply
         module = getattr(function, "__module__", "") or ""
-        return module.startswith("redis.commands") and name != "register_script" and not inspect.isasyncgenfunction(function)
+        return (
+            module.startswith("redis.commands")
+            and name != "register_script"
+            and not inspect.isasyncgenfunction(function)
+        )
 
     def _as_run_user(self, obj) -> bool:
         """Does ``obj`` reach Redis through the checks' gate, as the run's ACL user? (Never the course's admin.)"""

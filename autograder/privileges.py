@@ -62,7 +62,9 @@ class RunPrivileges:
             if conn.info.server_version >= 150000:  # a superuser-only setting a check gives one pool (chapter 10)
                 for name in SETTABLE:
                     conn.execute(
-                        sql.SQL("GRANT SET ON PARAMETER {} TO {}").format(sql.Identifier(name), sql.Identifier(self.name))
+                        sql.SQL("GRANT SET ON PARAMETER {} TO {}").format(
+                            sql.Identifier(name), sql.Identifier(self.name)
+                        )
                     )
         rules = ["on", f">{self.password}", "~*", "resetchannels", "+@all", "-@admin", "-@dangerous"]
         rules += [f"+{c}" for c in REDIS_ALLOWED if "|" not in c] + [f"-{c}" for c in REDIS_REFUSED]

@@ -88,6 +88,15 @@ async def settled() -> None:
     await _until_idle()
 
 
+def call_seeing_args(r: Report, name: str, *args) -> tuple:
+    """``name(*args)`` from the answer, and its arguments as they are afterwards: does it change what it
+    was given? (In a learner's process its arguments are copies: a change shows only there.)"""
+    remote = getattr(r.namespace, "call_seeing_args", None)
+    if remote is not None:
+        return remote(name, *args)
+    return r.namespace[name](*args), list(args)
+
+
 class AnswerLoop:
     """The event loop the answer's code runs on (this one, or its process's): its timers and tasks.
 

@@ -47,6 +47,12 @@ class Policy:
         commands do): the other side then awaits it in one round trip, its event loop never blocked."""
         return False
 
+    def chains(self, obj, name: str, function) -> bool:
+        """Whether ``obj.name()`` queues work and returns ``obj`` (a redis-py pipeline's commands): the
+        other side sends it without waiting for the answer (a pipeline of 3,000 commands is one round trip
+        at ``execute()``, not 3,000), and awaits the answer only if it asks for it (WATCH mode)."""
+        return False
+
     def materialize(self, spec: dict):
         raise WireError(f"this side cannot make a {spec.get('kind')!r}")
 
@@ -146,7 +152,7 @@ def describe(obj, policy: Policy) -> dict:
         meta["p"] = _params(obj)
     if kind in ("obj", "class"):
         holder = obj if kind == "class" else type(obj)
-        methods, dunders = {}, []
+        methods, dunders, chained = {}, [], []
         for name in dir(holder):
             if name.startswith("__") and name.endswith("__"):
                 if (
@@ -168,7 +174,11 @@ def describe(obj, policy: Policy) -> dict:
             if inspect.isfunction(attr) and kind == "obj":
                 # an async generator function's call returns its iterator at once (``async for`` over it)
                 methods[name] = inspect.iscoroutinefunction(attr) or policy.returns_awaitable(obj, name, attr)
+                if policy.chains(obj, name, attr):
+                    chained.append(name)
         meta["m"] = methods
+        if chained:
+            meta["c"] = chained
         meta["d"] = sorted(dunders)
         if kind == "obj" and inspect.isawaitable(obj) and policy.allowed(obj, "__await__"):
             meta["aw"] = True  # awaitable as well (a redis-py pipeline): ``await`` goes to the owner
@@ -188,6 +198,8 @@ class Proxy:
             raise AttributeError(name)
         methods = self._meta.get("m") or {}
         if name in methods:
+            if name in (self._meta.get("c") or ()):
+                return Chained(self, name)
             return BoundMethod(self, name, methods[name])
         return self._conn.call_sync(self._hid, "getattr", name)
 
@@ -245,6 +257,62 @@ class BoundMethod:
     @property
     def __name__(self) -> str:  # noqa: PLW3201
         return self._name
+
+
+class Chained:
+    """``proxy.name`` for a method that queues work on its owner and returns it (see
+    :meth:`Policy.chains`): called, it is sent without a wait, and gives a :class:`Later`."""
+
+    __slots__ = ("_owner", "_name")
+
+    def __init__(self, owner: Proxy, name: str) -> None:
+        self._owner, self._name = owner, name
+
+    def __call__(self, *args, **kwargs):
+        rid = self._owner._conn.call_nowait(self._owner._hid, "method", self._name, args, kwargs)  # noqa: SLF001
+        return Later(self._owner, rid)
+
+    @property
+    def __name__(self) -> str:  # noqa: PLW3201
+        return self._name
+
+
+class Later:
+    """What a chained call returned, not yet asked for: the owner itself, as it is almost always used
+    (``pipe.zadd(...).zadd(...)``), or, awaited, the answer itself (a pipeline in WATCH mode runs the
+    command at once). An error the call raised comes with the owner's next call."""
+
+    __slots__ = ("_owner", "_rid")
+
+    def __init__(self, owner: Proxy, rid: int) -> None:
+        self._owner, self._rid = owner, rid
+
+    def __getattr__(self, name: str):
+        return getattr(self._owner, name)
+
+    def __await__(self):
+        return self._owner._conn.call_async(self._owner._hid, "later", None, (self._rid,), {}).__await__()  # noqa: SLF001
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def __bool__(self) -> bool:
+        return True
+
+    async def __aenter__(self):
+        return await self._owner.__aenter__()
+
+    async def __aexit__(self, *exc):
+        return await self._owner.__aexit__(*exc)
+
+    def __enter__(self):
+        return self._owner.__enter__()
+
+    def __exit__(self, *exc):
+        return self._owner.__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return repr(self._owner)
 
 
 def _dunder(name: str, is_async: bool):

@@ -145,11 +145,25 @@ def apply(spec_list: list[str]) -> None:
                 setattr(target, last, _stub(f"{module_name}.{qualname}", getattr(target, last)))
 
 
+class _LiveCopy(types.ModuleType):
+    """A module that holds only its stubs and reads every other name from the real module, as it is now
+    (a check that sets ``course.shortener.CODE_KEY`` for a replica is seen by a cell that imports it)."""
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["_LiveCopy__real"], name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(dir(self.__dict__["_LiveCopy__real"])) | set(self.__dict__))
+
+
 def stubbed_module(module_name: str, qualnames: list[str]) -> types.ModuleType:
     """A copy of ``module_name`` whose references raise (the real module is untouched)."""
     real = importlib.import_module(module_name)
-    copy = types.ModuleType(module_name, real.__doc__)
-    copy.__dict__.update({k: v for k, v in vars(real).items() if k not in ("__name__", "__doc__")})
+    copy = _LiveCopy(module_name, real.__doc__)
+    copy.__dict__.update(
+        {k: v for k, v in vars(real).items() if k.startswith("__") and k not in ("__name__", "__doc__")}
+    )
+    copy.__dict__["_LiveCopy__real"] = real
     for qualname in qualnames:
         top, _, method = qualname.partition(".")
         full = f"{module_name}.{qualname}"

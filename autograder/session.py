@@ -285,15 +285,24 @@ class Session:
         return self.learner(0)
 
     def run_cell(self, kind: str, cell_id: str, source: str) -> dict:
-        """Run a job's cell in every replica process at once; process 0's result is the cell's. A cell that
-        overruns ends them (it is not replayed in the processes that start after)."""
+        """Run a job's cell in every replica process, one after another (a setup cell's CREATE TABLE IF NOT
+        EXISTS run by two processes at once can collide in PostgreSQL's catalog: one of them raises a
+        UniqueViolation a notebook never meets); process 0's result is the cell's. A cell that overruns
+        ends them (it is not replayed in the processes that start after)."""
         replicas = [self.learner(i) for i in range(self.processes)]
 
         async def everywhere() -> list:
-            runs = (x.exec_cell(kind, cell_id, source, self.cell_timeout) for x in replicas)
-            return await asyncio.gather(*runs, return_exceptions=True)
+            got = []
+            for x in replicas:
+                try:
+                    got.append(await x.exec_cell(kind, cell_id, source, self.cell_timeout))
+                except Exception as err:  # noqa: BLE001 - the caller sorts them out below
+                    got.append(err)
+                    if len(got) == 1:
+                        break
+            return got + [got[0]] * (len(replicas) - len(got))
 
-        got = self.control.run(everywhere(), self.cell_timeout + 5)
+        got = self.control.run(everywhere(), self.cell_timeout * len(replicas) + 5)
         if isinstance(got[0], BaseException):
             for x in replicas[1:]:
                 self.forget(x)
@@ -360,9 +369,13 @@ class Session:
                 not isinstance(p, BaseException) and p.get("received") == c.sent and c.received == p.get("sent", -2) + 1
                 for c, p in zip(conns, pongs, strict=True)
             )
-            if quiet and redis and (
-                any(x.redis_gate.in_flight() or not x.redis_gate.drained() for x in self.learners)
-                or written != [x.redis_gate.written for x in self.learners]
+            if (
+                quiet
+                and redis
+                and (
+                    any(x.redis_gate.in_flight() or not x.redis_gate.drained() for x in self.learners)
+                    or written != [x.redis_gate.written for x in self.learners]
+                )
             ):
                 quiet = False
                 await asyncio.sleep(0.001)
@@ -438,6 +451,11 @@ class RemoteNamespace(Mapping):
         found = self.get(name, default)
         self.learner.root.delete(name)
         return found
+
+    def call_seeing_args(self, name: str, *args) -> tuple:
+        """``name(*args)`` in the learner's process, and its arguments as it left them."""
+        result, after = self.learner.root.call_seeing_args(name, list(args))
+        return result, list(after)
 
     def call_with(self, name: str, names: dict, modules: dict, calls: list) -> list:
         """See :meth:`autograder.learner.Root.call_with`: a replica run with some globals set, then called."""

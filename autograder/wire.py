@@ -54,6 +54,7 @@ from autograder.proxies import (  # noqa: F401 - the wire's names: checks and te
 )
 
 MAX_FRAME = 32 << 20
+_MISSING = object()
 ROOT = 0  # the handle of each side's root object, known to both without a message
 
 _serving: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("serving", default=None)
@@ -64,6 +65,10 @@ home_loop: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = contextvar
 _caller: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("caller", default=None)
 _task_numbers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _next_task = itertools.count(1)
+
+
+_endings: dict[int, object] = {}  # task number -> how it ended (see ending_of), the last 10,000
+_conns: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> Conn, for ended()
 
 
 def _task_number() -> int | None:
@@ -77,7 +82,44 @@ def _task_number() -> int | None:
     number = _task_numbers.get(task)
     if number is None:
         number = _task_numbers[task] = next(_next_task)
+        task.add_done_callback(lambda t, n=number: _record_ending(n, t))
     return number
+
+
+def _how(task: asyncio.Future):
+    if not task.done():
+        return None
+    if task.cancelled():
+        return "cancelled"
+    err = task.exception()
+    if err is None:
+        return "returned"
+    return [f"{c.__module__}.{c.__qualname__}" for c in type(err).__mro__]
+
+
+def _record_ending(number: int, task: asyncio.Future) -> None:
+    _endings[number] = _how(task)
+    while len(_endings) > 10_000:
+        _endings.pop(next(iter(_endings)))
+
+
+def ending_of(number: int):
+    """How this side's task ``number`` ended: None while it runs, "returned", "cancelled", or the
+    ``module.qualname`` of its exception's classes."""
+    return _endings.get(number)
+
+
+async def ended(token):
+    """How the task behind a :func:`caller` token ended (see :func:`ending_of`), asked of the side it
+    ran on; in one process, of the task itself."""
+    if isinstance(token, asyncio.Future):
+        return _how(token)
+    if not isinstance(token, tuple):
+        return None
+    conn = _conns.get(token[0])
+    if conn is None or not conn.alive:
+        return None
+    return await conn.call_async(ROOT, "method", "task_ended", (token[1],), {})
 
 
 def caller():
@@ -136,6 +178,8 @@ class Conn:
         self._tasks: dict[int, asyncio.Task] = {}
         self._where: dict[int, asyncio.AbstractEventLoop] = {}  # the loop each request in progress runs on
         self._cancelled: set[int] = set()
+        self._kept: dict[int, object] = {}  # what chained calls returned that was not their owner (WATCH mode)
+        self._failed: dict[int, BaseException] = {}  # handle -> what a chained call on it raised, for its next call
         self._pongs: dict[int, _Waiter] = {}
         self._fallback: queue.SimpleQueue | None = None
         self._metas: dict[type, dict] = {}
@@ -146,6 +190,7 @@ class Conn:
         except RuntimeError:
             self.default_loop = None
         self.default_thread = threading.get_ident()
+        _conns[id(self)] = self
         self._export(root, ROOT)
         self._reader = threading.Thread(target=self._read_loop, name=f"{name}-reader", daemon=True)
         self._reader.start()
@@ -248,7 +293,7 @@ class Conn:
                 except RuntimeError:
                     pass
             return
-        if op not in ("call", "method", "getattr", "setattr", "delattr", "await", "map"):
+        if op not in ("call", "method", "getattr", "setattr", "delattr", "await", "map", "later"):
             raise WireError(f"unknown operation {op!r}")
         with self._lock:
             chained = self._pending.get(msg.get("chain"))
@@ -347,6 +392,15 @@ class Conn:
     def _serve_sync(self, msg: dict) -> None:
         token = _serving.set((id(self), msg["id"]))
         by = _caller.set((id(self), msg["by"]) if msg.get("by") else None)
+        if msg.get("nowait"):  # a chained call (Policy.chains): nobody waits for its answer
+            try:
+                self._keep(msg, self._execute(msg))
+            except BaseException as err:  # noqa: BLE001 - raised with the owner's next call
+                self._failed[msg.get("h")] = err
+            finally:
+                _caller.reset(by)
+                _serving.reset(token)
+            return
         try:
             self._reply(msg, self._execute(msg))  # an awaitable result crosses as a handle to await
         except BaseException as err:  # noqa: BLE001 - whatever the callee raised goes back
@@ -368,17 +422,35 @@ class Conn:
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 return
 
+    def _keep(self, msg: dict, result) -> None:
+        export = self._exports.get(msg.get("h"))
+        if export is not None and result is export.obj:
+            return  # the owner, as a chained call almost always returns
+        self._kept[msg["id"]] = result
+        while len(self._kept) > 10_000:  # never asked for: a coroutine, closed
+            old = self._kept.pop(next(iter(self._kept)))
+            if inspect.iscoroutine(old):
+                old.close()
+
     def _execute(self, msg: dict):
         export = self._exports.get(msg.get("h"))
         if export is None:
             raise WireError("that object was released")
+        failed = self._failed.pop(msg.get("h"), None)
+        if failed is not None:
+            raise failed
         obj, op, name = export.obj, msg["op"], msg.get("name")
         if name is not None and (not isinstance(name, str) or not self.policy.allowed(obj, name)):
+            if isinstance(name, str) and inspect.getattr_static(obj, name, _MISSING) is _MISSING:
+                # what one process would say (a learner's code may catch it, as hasattr() does)
+                raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
             raise Refused(f"{type(obj).__name__}.{name} is not open to the other process")
         if op in ("call", "await") and not self.policy.allowed(obj, "__call__" if op == "call" else "__await__"):
             raise Refused(f"{type(obj).__name__} cannot be called from the other process")
         args = [self.decode(a) for a in msg.get("args", [])]
         kwargs = {str(k): self.decode(v) for k, v in (msg.get("kwargs") or {}).items()}
+        if op == "later":  # what a chained call returned (its owner, unless it ran at once)
+            return self._kept.pop(args[0] if args else 0, obj)
         if op == "call":
             return obj(*args, **kwargs)
         if op == "method":
@@ -437,6 +509,13 @@ class Conn:
         if kwargs:
             msg["kwargs"] = {str(k): self.encode(v) for k, v in kwargs.items()}
         return rid, msg
+
+    def call_nowait(self, hid: int, op: str, name=None, args=(), kwargs=None) -> int:
+        """Send a chained call (see :meth:`Policy.chains`) and go on; its id, to ask for its answer."""
+        rid, msg = self._request(hid, op, name, args, kwargs, False)
+        msg["nowait"] = True
+        self._send(msg)
+        return rid
 
     def call_sync(self, hid: int, op: str, name=None, args=(), kwargs=None):
         rid, msg = self._request(hid, op, name, args, kwargs, False)

@@ -28,7 +28,9 @@ def handout(tmp_path_factory) -> Path:
 
 def _run(handout: Path, code: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(handout)}
-    return subprocess.run([sys.executable, "-c", code], cwd=handout, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=handout, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_it_leaves_out_the_solutions_the_tests_and_the_model_answers(handout):
@@ -56,7 +58,9 @@ def test_the_courses_answers_raise_and_the_rest_of_their_modules_works(handout):
 def test_a_learners_course_check_in_the_handout_says_which_checks_it_leaves_to_the_instructor(handout, tmp_path):
     """Chapter 07's append and projection checks build their event streams with the course's own append: in a
     hand-out they are not graded there, and say so; the search indexer grades as usual."""
-    nb = json.loads((REPO / "solutions" / "07_cqrs_and_event_sourcing" / "07_cqrs_and_event_sourcing.ipynb").read_text())
+    nb = json.loads(
+        (REPO / "solutions" / "07_cqrs_and_event_sourcing" / "07_cqrs_and_event_sourcing.ipynb").read_text()
+    )
     path = tmp_path / "07_cqrs_and_event_sourcing.ipynb"
     path.write_text(json.dumps(nb))
     env = {**servers_env(), "PYTHONPATH": str(handout), "COURSE_NO_PROGRESS": "1"}

@@ -81,8 +81,45 @@ ANSWER = textwrap.dedent(
 
     def sync_loop_free():
         return asyncio.run(asyncio.sleep(0, result="own loop"))
+
+    async def fill(stack, items):
+        for item in items:
+            stack.push(item)
+        stack.push("y").push("z")
+        return await stack.execute()
+
+    async def at_once(stack):
+        stack.now = True
+        return await stack.push(21)
     """
 )
+
+
+class Stack:
+    """A pipeline in miniature: ``push`` queues and returns the stack, or runs at once (WATCH mode)."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.now = False
+
+    def push(self, item):
+        if item == "boom":
+            raise ValueError("boom")
+        if self.now:
+            return self._double(item)
+        self.items.append(item)
+        return self
+
+    async def _double(self, item):
+        return item * 2
+
+    async def execute(self) -> list:
+        return list(self.items)
+
+
+class StackPolicy(wire.Policy):
+    def chains(self, obj, name, function) -> bool:
+        return isinstance(obj, Stack) and name == "push"
 
 
 @pytest.fixture
@@ -210,6 +247,24 @@ def test_context_variables_follow_a_callback_across(learner):
         return await root.get("Ring")(["a"]).aget(1, lambda k: len(where.get()))
 
     assert asyncio.run(run()) == len("inside the check") + 1  # the callback ran in the caller's context
+
+
+def test_a_chained_call_goes_without_a_wait_and_its_answer_comes_when_asked(learner):
+    """A pipeline's commands return the pipeline: 500 of them are sent without a round trip each, the
+    answer of one that ran at once (WATCH mode) comes when awaited, and an error with the next call."""
+    conn, root = learner
+    conn.policy = StackPolicy()
+
+    async def run():
+        stack = Stack()
+        before = conn.sent
+        assert await root.get("fill")(stack, list(range(500))) == [*range(500), "y", "z"]
+        assert conn.sent - before < 10, conn.sent - before  # the 502 pushes were answered by none
+        assert await root.get("at_once")(Stack()) == 42
+        with pytest.raises(ValueError, match="boom"):
+            await root.get("fill")(Stack(), [1, "boom", 2])
+
+    asyncio.run(run())
 
 
 def test_garbage_from_the_other_side_ends_that_connection_only():

@@ -1393,7 +1393,7 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
         "dlq-without-metadata": (DLQ_WITHOUT_METADATA, "lacks"),
         "no-takeover": (NO_TAKEOVER, "XAUTOCLAIM"),
         "new-before-claimed": (NEW_BEFORE_CLAIMED, "stream order"),
-        "catches-kill": (CATCHES_KILL, "killed inside the handler of K-2, before its change): the consumer raised"),
+        "catches-kill": (CATCHES_KILL, "ended with TypeError instead: it caught the kill"),
         "catches-base-exception": (CATCHES_BASE_EXCEPTION, "it caught the kill"),
     },
     "replay_key": {

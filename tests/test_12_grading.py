@@ -776,6 +776,19 @@ WRONG: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 
+def _after_own_encode(source: str) -> str:
+    """A create_link cell as the notebook runs it: after the learner's own encode_code cell (the course's
+    is the answer to another task, left out where answers are graded)."""
+    own = source.replace(
+        "from course.shortener import AliasTaken, encode_code", "from course.shortener import AliasTaken"
+    )
+    return FEISTEL + own
+
+
+CORRECT["create_link"] = {name: _after_own_encode(src) for name, src in CORRECT["create_link"].items()}
+WRONG["create_link"] = {name: (_after_own_encode(src), says) for name, (src, says) in WRONG["create_link"].items()}
+
+
 @pytest.mark.parametrize(("task", "name"), [(t, n) for t, d in CORRECT.items() for n in d])
 def test_12_correct_answers_pass(task, name):
     assert_accepted(task, CORRECT[task][name])

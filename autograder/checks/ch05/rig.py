@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from autograder.harness import Report, error_line
-from autograder.wire import caller
+from autograder.probes import settled
+from autograder.wire import caller, ended
 from course import messaging as mq
 from course.backoff import FullJitter
 from course.kit.faults import DependencyError
@@ -175,6 +176,7 @@ class Replica:
         self.killed_at: str | None = None
         self.killed_task = None  # the task the kill was raised in (see autograder.wire.caller)
         self.after_kill: list[str] = []  # Redis commands that task still sent: it caught the kill
+        self.kill_ending = None  # how that task ended (autograder.wire.ended): not by the kill, it caught it
         self.overlap_probe = overlap_probe
         self.in_flight: Counter = Counter()
         self.overlaps: list[str] = []
@@ -426,6 +428,10 @@ async def run_consumer(
                 watching = False
                 sleeps.release()
             await asyncio.wait([job], timeout=0.01)
+        if rep.dead and not job.done():
+            # what the kill set off runs to its end first (an except that caught it and then failed): in
+            # one process it does within the same loop turn; across two, only once both are idle
+            await settled()
     finally:
         sleeps.release()
         if not job.done():  # killed (a dead process runs nothing more), or hung
@@ -437,7 +443,13 @@ async def run_consumer(
         if leftovers:
             await asyncio.wait(leftovers, timeout=5)
     if rep.dead:
+        # a killed process raises nothing afterwards: what the run ended with is moot (with the answer in a
+        # process of its own, whether a caught kill's TypeError or the next command's kill came first was up
+        # to the scheduler). What is not moot: how the task the kill was raised in ended (a caught kill).
         run.killed = True
+        await settled()
+        rep.kill_ending = await ended(rep.killed_task) if rep.killed_task is not None else None
+        return run
     if job.cancelled() or run.hung:
         return run
     err = job.exception()
@@ -502,6 +514,17 @@ def names(world: World, entry_ids) -> str:
 # ----------------------------------------------------------------------------- verdicts shared by scenarios
 
 
+def _caught(ending) -> str | None:
+    """How a task the kill was raised in ended, if not by the kill: it caught it."""
+    if ending == "returned":
+        return "returned normally"
+    if not isinstance(ending, list) or not ending:
+        return None  # still waiting (on PostgreSQL, say), cancelled, or unknown: no proof
+    if any(name.endswith(("ConsumerKilled", ".Stopped", "ExceptionGroup")) for name in ending):
+        return None
+    return f"ended with {ending[0].rsplit('.', 1)[-1]} instead"
+
+
 def expect_clean_run(r: Report, run: Run, rep: Replica, what: str) -> None:
     if rep.misuse:
         r.fail(f"{what}: {rep.misuse[0]}")
@@ -510,6 +533,13 @@ def expect_clean_run(r: Report, run: Run, rep: Replica, what: str) -> None:
             f"{what}: after ConsumerKilled was raised {rep.killed_at}, the same task went on to send "
             f"{', '.join(dict.fromkeys(rep.after_kill))} to Redis: it caught the kill (an except BaseException, or "
             "an except that names ConsumerKilled). A kill is a BaseException: never catch it, let it end the consumer"
+        )
+    caught = _caught(rep.kill_ending)
+    if caught and not rep.after_kill:
+        r.fail(
+            f"{what}: after ConsumerKilled was raised {rep.killed_at}, the task it was raised in {caught}: it caught "
+            "the kill (an except BaseException, or an except that names ConsumerKilled). A kill is a BaseException: "
+            "never catch it, let it end the consumer"
         )
     if run.hung:
         r.hung = True  # the next scenarios are skipped: each would wait as long again

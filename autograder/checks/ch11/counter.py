@@ -227,7 +227,11 @@ async def _check_view_counter(r: Report, ViewCounter, pool, watcher, ns) -> None
     try:
         await locker.execute("BEGIN")
         await locker.execute("SELECT 1 FROM view_counts WHERE item_id = 'v2' FOR UPDATE")
-        flushes = [asyncio.create_task(_try(x.flush())) for x in (a, b)]
+        # one after the other into the row's lock queue (replica 1 first), so the same flush comes second
+        # on every run: a lost update then loses the same replica's views, and the feedback says one number
+        flushes = [asyncio.create_task(_try(a.flush()))]
+        await _settle(watcher, flushes, 1)
+        flushes.append(asyncio.create_task(_try(b.flush())))
         await _settle(watcher, flushes, 2)
         await locker.execute("COMMIT")
     finally:
