@@ -86,14 +86,21 @@ def _task_number() -> int | None:
     return number
 
 
+#: A task serving the other side's call ends "returned" whatever its callee raised (the error is the
+#: reply): what the callee raised, by task, for :func:`_how`.
+_raised: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _how(task: asyncio.Future):
     if not task.done():
         return None
     if task.cancelled():
         return "cancelled"
-    err = task.exception()
+    err = _raised.get(task) or task.exception()
     if err is None:
         return "returned"
+    if isinstance(err, asyncio.CancelledError):
+        return "cancelled"
     return [f"{c.__module__}.{c.__qualname__}" for c in type(err).__mro__]
 
 
@@ -418,6 +425,9 @@ class Conn:
                 result = await result
             self._reply(msg, result)
         except BaseException as err:  # noqa: BLE001
+            task = asyncio.current_task()
+            if task is not None:
+                _raised[task] = err
             self._reply_error(msg, err)
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 return

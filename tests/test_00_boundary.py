@@ -5,7 +5,8 @@
 ``nbgrader autograde`` run the answer in a sandboxed process of its own and the checks across the
 wire (autograder/session.py). For one kept wrong answer of every task (``WRONG`` in
 ``tests/test_NN_grading.py``, the first one), both paths must print the same lines and the same
-points. ``make test-determinism`` holds every kept wrong answer to this, run after run.
+points. ``make test-determinism`` grades every kept wrong answer across the boundary, run after run,
+and asks for one outcome.
 """
 
 from __future__ import annotations
