@@ -471,6 +471,15 @@ def _names(t: Task) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def _not_done_line(t: Task) -> str:
+    """``create_order: not done yet (write `create_order` in its answer cell, ...)``: one line, and
+    it names the answer, since the cell right above a test cell is a try-it cell."""
+    line = f"{t.id}: not done yet (write {_names(t)} in the answer cell, run it, then this cell)"
+    if len(line) > WIDTH:
+        line = f"{t.id}: not done yet (write `{t.needs[0]}` in the answer cell, run it, then this cell)"
+    return line
+
+
 def grade(task_id: str, namespace: dict | None = None):
     """Grade one task (hidden test cells). Prints the report; partial credit as the cell value."""
     ns = namespace if namespace is not None else _caller_namespace()
@@ -493,10 +502,7 @@ def public(task_id: str, namespace: dict | None = None) -> None:
         return
     res = run_task(t, ns, public=True)
     if res.not_done:  # an unfinished task is not an error: Run All goes on to the next task
-        # the cell right above a test cell is usually a try-it cell, not the answer: name the answer's cell
-        print(
-            f"{task_id}: not done yet (write your answer in the cell that defines {_names(t)}, run it, then this cell)"
-        )
+        print(_not_done_line(t))
         return
     print(fit("\n".join(res.lines)))
     if res.passed:

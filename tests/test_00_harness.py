@@ -222,7 +222,7 @@ def test_an_unfinished_test_cell_names_the_answer_cell_not_the_cell_above(capsys
     harness.public("_demo_add", {"add": stub})
     said = capsys.readouterr().out
     assert said.startswith("_demo_add: not done yet") and "\n" not in said.strip(), said
-    assert "the cell that defines `add`" in said and "cell above" not in said, said
+    assert "write `add` in the answer cell" in said and "cell above" not in said, said
 
 
 def test_fit_keeps_one_item_one_item():
