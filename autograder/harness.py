@@ -409,8 +409,8 @@ def connection_error(err: BaseException) -> bool:
 #: Printed report lines wrap here, so a notebook in a browser (about 1,400 px) never wraps them mid-word.
 WIDTH = 108
 #: Validate's dialog shows a failing cell's error in a box about 80 characters wide (``nbgrader
-#: validate`` cuts its lines at 87, indent included): the lines it carries are wrapped here.
-DIALOG_WIDTH = 80
+#: validate`` cuts its lines at 87, indent included): the lines it carries are wrapped a little inside.
+DIALOG_WIDTH = 76
 
 _MARK = re.compile(r"(\[\w+\]|-) ")
 
@@ -543,13 +543,14 @@ def validate_message(t: Task, res: Result, width: int = DIALOG_WIDTH) -> str:
             f"{t.id}: not done yet (0/{t.points:g} points)\n  write your answer in {where}, then Validate again", width
         )
     shown: list[str] = []
-    for i, line in enumerate(res.lines):
-        if not line.lstrip().startswith("[FAIL]"):
-            continue
-        before = res.lines[i - 1] if i else ""
-        if before.lstrip().startswith("- ") and before not in shown:
-            shown.append(before)  # what the check was doing when it failed
-        shown.append(line)
+    doing = None  # the last note before a [FAIL]: what the check was doing when it failed
+    for line in res.lines:
+        if line.lstrip().startswith("- "):
+            doing = line
+        elif line.lstrip().startswith("[FAIL]"):
+            if doing is not None and doing not in shown:
+                shown.append(doing)
+            shown.append(line)
     head = [
         f"{t.id}: {res.points:g}/{res.max_points:g} points from the hidden checks",  # after "TaskFailed: "
         f"  Validate runs them in this test cell, whose public checks may pass; what falls short is your answer, in {where}:",

@@ -208,9 +208,11 @@ def test_validate_says_why_in_the_error_its_dialog_shows(monkeypatch, capsys):
 
 def test_validate_shows_what_the_check_was_doing_when_it_failed():
     t = harness.get_task("_demo_add")
-    lines = ["  [ok] one", "  - 20 requests at once, in lockstep", "  [FAIL] 2 admitted, expected 1", "  - seed"]
+    lines = ["  - one request", "  [ok] one", "  - 20 requests at once, in lockstep", "  [ok] all returned"]
+    lines += ["  [FAIL] 2 admitted, expected 1", "  - seed"]
     said = harness.validate_message(t, harness.Result(t.id, 0, 2, lines, 0.1))
     assert "  - 20 requests at once, in lockstep\n  [FAIL] 2 admitted, expected 1" in said, said
+    assert "one request" not in said and "[ok]" not in said and "seed" not in said, said
 
 
 def test_an_unfinished_test_cell_names_the_answer_cell_not_the_cell_above(capsys):
