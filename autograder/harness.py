@@ -564,7 +564,7 @@ def _status(res: Result, missing: tuple[str, ...] | list[str] = ()) -> str:
     if res.passed:
         return "done"
     if missing:
-        return f"not started: {', '.join(missing)} is not defined (run its cell)"
+        return f"not started: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not defined (run its cell)"
     if res.not_done:
         return "not done"
     return "started, falls short" if res.points > 0 else "started, 0 points"
