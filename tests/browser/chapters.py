@@ -502,8 +502,10 @@ class Runs:
         self.ended: float | None = None
 
     def wait(self, chapter: str, kind: str) -> Job:
+        """The job once what ``kind`` reads is recorded: its first run ("student", "solution"), or its
+        reruns ("rerun": the student job over)."""
         job = self.jobs[(chapter, "student" if kind == "rerun" else kind)]
-        while not job.over:
+        while not (job.over or (kind != "rerun" and job.done)):
             self.tick()
             time.sleep(0.5)
         return job
