@@ -432,24 +432,48 @@ def connection_error(err: BaseException) -> bool:
 
 #: Printed report lines wrap here, so a notebook in a browser (about 1,400 px) never wraps them mid-word.
 WIDTH = 108
+#: Validate's dialog shows a failing cell's error in a box about 80 characters wide (``nbgrader
+#: validate`` cuts its lines at 87, indent included): the lines it carries are wrapped a little inside.
+DIALOG_WIDTH = 76
+
+_MARK = re.compile(r"(\[\w+\]|-) ")
 
 
 def fit(text: str, width: int = WIDTH) -> str:
     """``text`` with each line longer than ``width`` wrapped at spaces, continuation lines
-    indented under the line's text (past its ``[ok]`` / ``[FAIL]`` / ``-`` mark)."""
+    indented under the line's text (past its ``[ok]`` / ``[FAIL]`` / ``-`` mark).
+
+    One item reads as one item: a wrapped line never starts with a lone ``-`` (it would read as a
+    bullet of its own), and the further lines of a multi-line message (a PostgreSQL error's
+    ``DETAIL``) are indented under its first line, not set flush left as if they were new items.
+    """
     import textwrap
 
     out = []
-    for line in text.splitlines():
-        if len(line) <= width:
-            out.append(line)
+    hang: str | None = None  # the indent of the last marked line's text
+    for raw in text.splitlines():
+        body = raw.lstrip()
+        lead = len(raw) - len(body)
+        mark = _MARK.match(body)
+        if not body:
+            hang = None
+        elif mark:
+            hang = " " * (lead + len(mark.group(0)))
+        elif hang is not None and lead == 0 < len(hang) - 2:
+            raw, lead = hang + body, len(hang)  # flush left under an indented item: the item's next line
+        if len(raw) <= width:
+            out.append(raw)
             continue
-        body = line.lstrip()
-        mark = re.match(r"(\[\w+\]|-) ", body)
-        indent = " " * (len(line) - len(body) + (len(mark.group(0)) if mark else 2))
-        out.append(
-            textwrap.fill(line, width=width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+        head = lead + (len(mark.group(0)) if mark else 0)
+        if mark or (hang is not None and lead == len(hang)):
+            indent = " " * head  # under the item's text
+        else:
+            indent = " " * (lead or 2)  # a line of its own: a heading's next lines a little in
+        glued = raw[:head] + raw[head:].replace(" - ", "\u00a0- ")  # textwrap breaks at ASCII spaces only
+        wrapped = textwrap.fill(
+            glued, width=width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
         )
+        out.append(wrapped.replace("\u00a0", " "))
     return "\n".join(out)
 
 
@@ -463,6 +487,21 @@ class TaskFailed(AssertionError):
 def _caller_namespace(depth: int = 2) -> dict:
     frame = sys._getframe(depth)
     return frame.f_globals
+
+
+def _names(t: Task) -> str:
+    """``buy`` or ``HashRing and node_names``: what a task's answer cell defines (its ``needs``)."""
+    names = [f"`{n}`" for n in t.needs]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _not_done_line(t: Task) -> str:
+    """``create_order: not done yet (write `create_order` in its answer cell, ...)``: one line, and
+    it names the answer, since the cell right above a test cell is a try-it cell."""
+    line = f"{t.id}: not done yet (write {_names(t)} in the answer cell, run it, then this cell)"
+    if len(line) > WIDTH:
+        line = f"{t.id}: not done yet (write `{t.needs[0]}` in the answer cell, run it, then this cell)"
+    return line
 
 
 def grade(task_id: str, namespace: dict | None = None):
@@ -487,7 +526,7 @@ def public(task_id: str, namespace: dict | None = None) -> None:
         return
     res = run_task(t, ns, public=True)
     if res.not_done:  # an unfinished task is not an error: Run All goes on to the next task
-        print(f"{task_id}: not done yet (write your answer in the cell above, then run this cell)")
+        print(_not_done_line(t))
         return
     print(fit("\n".join(res.lines)))
     if res.passed:
@@ -508,18 +547,48 @@ def _validate(t: Task, ns: dict) -> None:
     test: an unfinished task or one the hidden checks reject must fail here, or Validate says
     "Success!" to a notebook worth 0 points. Run in the learner's own kernel, so it is the
     learner's help, not the grade.
+
+    Validate's dialog shows each failing cell's source and its error, and nothing the cell
+    printed: so the error carries the reason (:func:`validate_message`).
     """
     res = run_task(t, ns)
-    if res.not_done:
-        raise TaskFailed(f"{t.id}: not done yet (0/{t.points:g} points)")
-    print(fit(res.text()))
     if not res.passed:
-        raise TaskFailed(f"{t.id}: {res.points:g}/{res.max_points:g} points (see the lines above)")
+        raise TaskFailed(validate_message(t, res))
+    print(f"{t.id}: {res.points:g}/{res.max_points:g} points (hidden checks, run by Validate)")
 
 
-def _status(res: Result) -> str:
+def validate_message(t: Task, res: Result, width: int = DIALOG_WIDTH) -> str:
+    """Why a task fails Validate, for its dialog: the dialog names the test cell (``public("buy")``),
+    whose public checks may well pass, so the message says that the hidden checks ran there, which
+    cell to fix (the answer cell), and each ``[FAIL]`` line with the observation that led to it."""
+    where = f"the cell that defines {_names(t)}"
+    if res.not_done:
+        return fit(
+            f"{t.id}: not done yet (0/{t.points:g} points)\n  write your answer in {where}, then Validate again", width
+        )
+    shown: list[str] = []
+    doing = None  # the last note before a [FAIL]: what the check was doing when it failed
+    for line in res.lines:
+        if line.lstrip().startswith("- "):
+            doing = line
+        elif line.lstrip().startswith("[FAIL]"):
+            if doing is not None and doing not in shown:
+                shown.append(doing)
+            shown.append(line)
+    head = [
+        f"{t.id}: {res.points:g}/{res.max_points:g} points from the hidden checks",  # after "TaskFailed: "
+        f"  Validate runs them in this test cell, whose public checks may pass; what falls short is your answer, in {where}:",
+    ]
+    tail = f'  (selfcheck("{t.chapter}") in the notebook shows every line)'
+    return fit("\n".join([*head, *shown, tail]), width)
+
+
+def _status(res: Result, missing: tuple[str, ...] | list[str] = ()) -> str:
+    """A task's state in one phrase; ``missing``: the names it needs that are not defined at all."""
     if res.passed:
         return "done"
+    if missing:
+        return f"not started: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not defined (run its cell)"
     if res.not_done:
         return "not done"
     return "started, falls short" if res.points > 0 else "started, 0 points"
@@ -538,26 +607,37 @@ def _in_notebook_order(chapter: str, tasks: list[Task]) -> list[Task]:
     return sorted(tasks, key=lambda t: order.index(t.id) if t.id in order else len(order))
 
 
-def selfcheck(chapter: str, namespace: dict | None = None) -> list[Result]:
-    """Run every graded check of a chapter on this notebook's code and print a summary."""
+def selfcheck(chapter: str, namespace: dict | None = None, *, every_line: bool = False) -> list[Result]:
+    """Run every graded check of a chapter on this notebook's code and print a summary.
+
+    A task at full marks is one line of the summary (how many observations passed); the lines of
+    a task that falls short come first, whole, since they say why. ``every_line=True`` prints every
+    task's lines.
+    """
     ns = namespace if namespace is not None else _caller_namespace()
     if os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate"):
         print("selfcheck: skipped while nbgrader grades this notebook (the test cells above are the grade)")
         return []
-    results = [run_task(t, ns) for t in _in_notebook_order(chapter, load_chapter(chapter))]
+    tasks = _in_notebook_order(chapter, load_chapter(chapter))
+    results = [run_task(t, ns) for t in tasks]
     if not results:
         print(f"selfcheck: chapter {chapter} has no graded tasks (its practice is self-rated)")
         return results
+    missing = {t.id: [n for n in t.needs if n not in ns] for t in tasks}
     for res in results:
-        print(fit(res.text()))
-        print()
+        if every_line or not (res.passed or res.not_done or missing[res.task]):
+            print(fit(res.text()))
+            print()
     total = sum(r.points for r in results)
     top = sum(r.max_points for r in results)
     for res in results:
-        print(
-            f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {_status(res)}"
-        )
+        status = _status(res, missing[res.task])
+        if res.passed:
+            status += f" ({sum(line.lstrip().startswith('[ok]') for line in res.lines)} observations passed)"
+        print(f"{'[ok]  ' if res.passed else '[..]  '}{res.task:<24} {res.points:>5g}/{res.max_points:<4g} {status}")
     print(f"total: {total:g}/{top:g}")
+    if not every_line and any(r.passed for r in results):
+        print(f'(selfcheck("{chapter}", every_line=True) also shows what the checks saw in the tasks that passed)')
     print(
         "(selfcheck runs in this kernel, where code can change what it checks; `course check` grades a saved\n"
         " copy in a fresh, sandboxed process, as your instructor's grading does)"

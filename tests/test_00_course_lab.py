@@ -40,6 +40,27 @@ def test_the_lab_finds_course_in_its_terminals_and_lands_on_chapter_00():
     assert "--LabApp.default_url=/lab/tree/notebooks/00_setup_and_tour/00_setup_and_tour.ipynb" in cmd
 
 
+def test_a_parent_that_was_sent_sigint_is_seen_to_stop_catching_it():
+    """What `course lab` watches in make: GNU make puts SIGINT back to its default once it got one."""
+    from course.kit import procs
+
+    code = "import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: signal.signal(signal.SIGINT, signal.SIG_DFL)); print(1, flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdout.readline()
+        assert procs.catches(child.pid, signal.SIGINT) is True
+        assert procs.catches(child.pid, signal.SIGUSR1) is False
+        child.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while procs.catches(child.pid, signal.SIGINT) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert procs.catches(child.pid, signal.SIGINT) is False
+    finally:
+        child.kill()
+        child.wait()
+    assert procs.catches(child.pid, signal.SIGINT) is None
+
+
 def _lab_status(url: str, proc: subprocess.Popen, timeout: float = 90) -> int | None:
     """The status of JupyterLab's /api/status once it answers (None if ``proc`` ended or time ran out)."""
     deadline = time.monotonic() + timeout
@@ -113,8 +134,13 @@ async def _terminal_says(url: str, command: str) -> str:
 
 
 @pytest.mark.slow
-def test_make_lab_stopped_by_its_pid_leaves_nothing_and_its_terminal_finds_course():
-    """A supervisor stops `make lab` by make's pid: JupyterLab, the kernels and the servers go too."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_make_lab_stopped_by_its_pid_leaves_nothing_and_its_terminal_finds_course(sig):
+    """A supervisor stops `make lab` by make's pid: JupyterLab, the kernels and the servers go too.
+
+    SIGINT is what a script's `kill -INT` and an IDE's stop button send: make passes it to no one
+    (it takes it for a terminal's Ctrl-C, which its children got too) and waits for its children.
+    """
     import asyncio
 
     port = free_port()
@@ -133,11 +159,12 @@ def test_make_lab_stopped_by_its_pid_leaves_nothing_and_its_terminal_finds_cours
     try:
         status = _lab_status(url, make)
         assert status == 200, f"JupyterLab did not answer (make exited {make.poll()})"
-        said = asyncio.run(_terminal_says(url, "command -v course"))
-        assert str(REPO / ".venv" / "bin" / "course") in said or "/bin/course" in said, said[-1500:]
+        if sig == signal.SIGTERM:
+            said = asyncio.run(_terminal_says(url, "command -v course"))
+            assert str(REPO / ".venv" / "bin" / "course") in said or "/bin/course" in said, said[-1500:]
         before = _session_processes(make.pid)
         assert any("course lab" in p for p in before), before
-        make.send_signal(signal.SIGTERM)  # make's pid only, as `kill PID` would
+        make.send_signal(sig)  # make's pid only, as `kill -TERM PID` or `kill -INT PID` would
         deadline = time.monotonic() + 45
         while time.monotonic() < deadline and _session_processes(make.pid):
             make.poll()

@@ -178,6 +178,97 @@ def test_validate_fails_a_stub_and_a_wrong_answer_and_passes_a_right_one(monkeyp
     assert "2/2 points" in capsys.readouterr().out
 
 
+def test_validate_says_why_in_the_error_its_dialog_shows(monkeypatch, capsys):
+    """Validate's dialog shows a failing cell's source (``public("...")``) and its error, not what the
+    cell printed: the error names the hidden checks and the answer cell, and carries each [FAIL] line
+    with what the check was doing, wrapped to the dialog's width."""
+    monkeypatch.setenv("NBGRADER_EXECUTION", "validate")
+
+    async def wrong(a, b):  # passes the public check, not the hidden one
+        return 3 if (a, b) == (1, 2) else 1
+
+    async def stub(a, b):
+        raise NotImplementedError("not done yet")
+
+    with pytest.raises(TaskFailed) as info:
+        harness.public("_demo_add", {"add": wrong})
+    (said,) = info.value._render_traceback_()
+    words = " ".join(said.split())
+    assert "[FAIL] add(-1, 1) == 0" in said and "[ok]" not in said, said
+    assert "hidden checks" in words and "the cell that defines `add`" in words, said
+    assert "see the lines above" not in said and "random choices" not in said, said
+    assert max(map(len, said.splitlines())) <= harness.DIALOG_WIDTH, said
+    with pytest.raises(TaskFailed) as info:
+        harness.public("_demo_add", {"add": stub})
+    (said,) = info.value._render_traceback_()
+    assert "not done yet" in said and "the cell that defines `add`" in " ".join(said.split()), said
+    assert max(map(len, said.splitlines())) <= harness.DIALOG_WIDTH, said
+    assert capsys.readouterr().out == ""  # nothing printed that the dialog would not show
+
+
+def test_validate_shows_what_the_check_was_doing_when_it_failed():
+    t = harness.get_task("_demo_add")
+    lines = ["  - one request", "  [ok] one", "  - 20 requests at once, in lockstep", "  [ok] all returned"]
+    lines += ["  [FAIL] 2 admitted, expected 1", "  - seed"]
+    said = harness.validate_message(t, harness.Result(t.id, 0, 2, lines, 0.1))
+    assert "  - 20 requests at once, in lockstep\n  [FAIL] 2 admitted, expected 1" in said, said
+    assert "one request" not in said and "[ok]" not in said and "seed" not in said, said
+
+
+def test_an_unfinished_test_cell_names_the_answer_cell_not_the_cell_above(capsys):
+    """The cell right above a test cell is a try-it cell: "the cell above" would send the learner there."""
+
+    async def stub(a, b):
+        raise NotImplementedError("not done yet")
+
+    harness.public("_demo_add", {"add": stub})
+    said = capsys.readouterr().out
+    assert said.startswith("_demo_add: not done yet") and "\n" not in said.strip(), said
+    assert "write `add` in the answer cell" in said and "cell above" not in said, said
+
+
+def test_fit_keeps_one_item_one_item():
+    """A wrapped line never starts with a lone "-" (a bullet of its own), and a message's second line
+    (a PostgreSQL DETAIL) goes under its first, not flush left."""
+    long = "  - " + "word " * 12 + "a - b " + "word " * 12
+    for width in range(40, 90):
+        wrapped = harness.fit(long, width).splitlines()
+        assert [line for line in wrapped if line.lstrip().startswith("- ")] == [wrapped[0]], wrapped
+        assert all(line.startswith("    ") for line in wrapped[1:]), wrapped
+    two = harness.fit("  [FAIL] your code raised CheckViolation: no\nDETAIL:  Failing row contains (7)")
+    assert two.splitlines()[1] == "         DETAIL:  Failing row contains (7)", two
+
+
+@task("_demo_many", chapter="zz", points=1, title="demo", needs=("add",), timeout=1.0)
+async def check_demo_many(r: Report, add) -> None:
+    for n in range(40):
+        r.expect(await add(n, 1) == n + 1, f"add({n}, 1) == {n + 1}")
+
+
+@task("_demo_class", chapter="zz", points=1, title="demo", needs=("Adder",), timeout=1.0)
+async def check_demo_class(r: Report, Adder) -> None:
+    r.expect(Adder() is not None, "Adder() builds")
+
+
+def test_selfcheck_at_full_marks_is_a_line_per_task_and_says_why_where_one_falls_short(capsys, monkeypatch):
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.setenv("COURSE_NO_PROGRESS", "1")
+    tasks = [harness.get_task(t) for t in ("_demo_many", "_demo_add", "_demo_class")]
+    monkeypatch.setattr(harness, "load_chapter", lambda chapter: tasks)
+
+    async def add(a, b):
+        return a + b if a >= 0 else 99
+
+    harness.selfcheck("zz", {"add": add})
+    out = capsys.readouterr().out
+    assert "[ok]" not in out.split("_demo_add: 0/2 points")[0], out  # the passing task's 40 lines are left out
+    assert "[FAIL] add(-1, 1) == 0" in out and "40 observations passed" in out, out
+    assert "not started: Adder is not defined" in out and "started, 0 points" in out, out
+    assert "every_line=True" in out, out
+    harness.selfcheck("zz", {"add": add}, every_line=True)
+    assert "[ok] add(39, 1) == 40" in capsys.readouterr().out
+
+
 def test_selfcheck_says_not_done_only_for_a_stub():
     done = harness.Result("t", 2, 2, [], 0.1)
     stub = harness.Result("t", 0, 2, [], 0.1, not_done=True)
@@ -187,6 +278,7 @@ def test_selfcheck_says_not_done_only_for_a_stub():
     assert harness._status(stub) == "not done"
     assert "falls short" in harness._status(short)
     assert harness._status(wrong) != "not done"
+    assert harness._status(wrong, ["Adder"]).startswith("not started"), "a class never defined was not started"
 
 
 def test_selfcheck_says_where_it_can_be_fooled_and_what_grades(capsys, monkeypatch):

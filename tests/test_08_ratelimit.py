@@ -281,6 +281,26 @@ def test_08_an_outage_run_says_when_its_mode_decided_on_redis_again():
     assert all(len(line) <= 110 for line in run.lines())
 
 
+def test_08_the_return_to_redis_is_said_from_the_run_not_as_one_cooldown():
+    """The chapter said "about one cooldown" where a run measured 0.09 s, and a busy run can take
+    three: the sentence is computed from the run, and says "more than one cooldown" only when it was."""
+
+    def run(last: float) -> ch08.OutageRun:
+        r = ch08.OutageRun("bounded", (0.3, 0.8), 30.0, 0.2, 0.02)
+        r.decisions = [(0.5, "local", True), (0.82, "redis", True), (0.8 + last - 0.01, "local", True)]
+        r.decisions += [(0.8 + last, "redis", True), (1.3, "redis", True)]
+        return r
+
+    soon = " ".join(ch08.return_to_redis([run(0.09), run(0.05)]).split())
+    assert soon.startswith("back on Redis 0.02 s after it answered again, every replica 0.09 s after"), soon
+    assert "within one cooldown (0.2 s)" in soon and "more than" not in soon, soon
+    late = " ".join(ch08.return_to_redis([run(0.09), run(0.45)]).split())
+    assert "every replica 0.45 s after: more than one cooldown (0.2 s)" in late and "within" not in late, late
+    assert "still on the fallback" in ch08.return_to_redis([ch08.OutageRun("open", (0.3, 0.8), 30.0, 0.2, 0.02)])
+    assert max(map(len, ch08.return_to_redis([run(0.45)]).splitlines())) <= 104
+    assert "0.02 s later, on every replica 0.09 s later" in run(0.09).lines()[2]
+
+
 async def test_08_replay_in_one_pipeline_decides_as_requests_sent_one_by_one(ans):
     redis = ans.redis()
     times = ch08.edge_traffic(10, 60.0, start=T)

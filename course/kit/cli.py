@@ -497,21 +497,33 @@ def lab_command(
     return cmd + list(jupyter_args), env
 
 
-def _stop_when_orphaned(period: float = 0.5) -> None:
-    """SIGTERM to this process when its parent goes away.
+def _stop_with_parent(period: float = 0.5) -> None:
+    """SIGTERM to this process when its parent goes away, or when make, its parent, was interrupted.
 
-    A supervisor or a script stops `make lab` by make's pid; make passes the signal to the
-    shell running its recipe, not necessarily to us. Orphaned, we stop JupyterLab, the kernels
-    and the servers as if we had been sent the signal ourselves.
+    A supervisor, a script or an IDE's stop button stops `make lab` by make's pid. On SIGTERM make
+    passes the signal on to its children. On SIGINT it passes nothing: it takes the signal for a
+    terminal's Ctrl-C, which the whole foreground group got, and waits for its children to end. Its
+    one trace is that make no longer catches SIGINT (it puts the default back, to die by it once we
+    are gone): seen, we stop JupyterLab, the kernels and the servers as if we had been sent SIGTERM.
+    Orphaned (make killed outright), the same.
     """
     import threading
+
+    import psutil
+
+    from course.kit import procs
 
     parent = os.getppid()
     if parent == 1:
         return  # started by init or a container's entry point: nothing to watch
+    try:
+        under_make = psutil.Process(parent).name() in ("make", "gmake")
+    except psutil.Error:
+        under_make = False
+    watch_sigint = under_make and procs.catches(parent, signal.SIGINT) is True
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and not (watch_sigint and procs.catches(parent, signal.SIGINT) is False):
             time.sleep(period)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -542,7 +554,7 @@ def lab_cmd(args) -> int:
         sys.exit(143)  # atexit then stops the servers
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    _stop_when_orphaned()
+    _stop_with_parent()
     try:
         return proc.wait()
     except KeyboardInterrupt:

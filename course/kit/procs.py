@@ -118,3 +118,27 @@ def stop(
         return True
     except psutil.AccessDenied:
         return False
+
+
+def catches(pid: int, sig: int) -> bool | None:
+    """Whether ``pid`` has a handler of its own for ``sig`` (None: cannot tell, or no such process).
+
+    A parent that stops catching a signal is one that received it: GNU make, sent SIGINT, sets it
+    back to its default before it waits for its children and then dies by it (``course lab`` reads
+    that, :func:`course.kit.cli._stop_with_parent`). Linux's ``/proc``, else ``ps -o caught=``.
+    """
+    mask = None
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            mask = next((int(line.split()[1], 16) for line in status if line.startswith("SigCgt:")), None)
+    except (OSError, ValueError, IndexError):
+        import subprocess
+
+        try:
+            out = subprocess.run(
+                ["ps", "-o", "caught=", "-p", str(pid)], capture_output=True, text=True, timeout=5
+            )
+            mask = int(out.stdout.strip(), 16) if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, ValueError, subprocess.SubprocessError):
+            mask = None
+    return None if mask is None else bool(mask >> (int(sig) - 1) & 1)

@@ -8,6 +8,13 @@ A :class:`Job` is one notebook in one tab with its own kernel:
 - ``solution``: the source notebook, Run All once; the notebook is saved (its outputs read
   back from disk) and the connections its kernel holds are counted by the servers (reported).
 
+A student job with ``rerun`` set then runs the chapter twice more, at once, as a learner does who
+comes back to it: **Kernel > Restart Kernel and Run All Cells** in its tab (the old kernel's
+namespaces, services and server-side state left behind by a kernel that was stopped, not closed
+cleanly by the notebook), and **Run All** of a copy of the notebook in a second tab, a second
+kernel, while the first kernel is still open (what Validate does: it runs the chapter in a kernel
+of its own). Each must reach the last cell as the first run did (:attr:`Job.reruns`).
+
 When a job's runs are over it looks at the page (plots drawn, widgets rendered, a slider
 moved where there is one), keeps a screenshot, then closes the tab, which shuts its kernel
 down. :class:`Runs` drives up to ``parallel`` jobs at a time from one thread (playwright's
@@ -23,7 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .jlab import AFTER_CLOSE, OPEN_PAGES, REPO, Notebook, prompt_number, screenshot, steady_connections
+from .jlab import AFTER_CLOSE, OPEN_PAGES, REPO, Notebook, menu, prompt_number, screenshot, steady_connections
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 RUN_TIMEOUT = 300  # one Run All of one notebook, seconds
@@ -101,6 +108,13 @@ class Job:
         self.screenshot: Path | None = None
         self.kernel_cpu: float | None = None  # CPU seconds its kernel (and the kernel's children) used
         self.quick: bool | None = None  # its kernel ran with NBGRADER_EXECUTION=autograde
+        self.rerun = False  # a student job: Restart Kernel and Run All, and Run All in a second kernel
+        self.reruns: dict[str, Run] = {}  # "restart" and "second kernel": how each ended
+        self.rerun_error: str | None = None
+        # timeouts count only the time this job was watched: between two tests the tabs are polled, during
+        # a long test (a Validate of 100 s) they are not, and a run that ended then must not count as late
+        self.watched, self._polled, self._since = 0.0, None, 0.0
+        self.second: Notebook | None = None
 
     @property
     def label(self) -> str:
@@ -119,14 +133,30 @@ class Job:
         OPEN_PAGES.remove(self.nb.page)
         AFTER_CLOSE.pop(self.nb.page, None)
         self.state = "opening"
-        self.opened = time.monotonic()
+        self._mark()
+
+    def _mark(self) -> None:
+        self._since = self.watched
+
+    def _overdue(self, seconds: float) -> bool:
+        return self.watched - self._since > seconds
 
     def step(self) -> None:
         """Move on if the tab is ready for the next step; never waits for a run to finish."""
+        now = time.monotonic()
+        self.watched += min(now - self._polled, 2.0) if self._polled is not None else 0.0
+        self._polled = now
         try:
             self._step()
         except Exception as err:  # noqa: BLE001 - one tab's trouble must not stop the others
-            self.fail(f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}")
+            why = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"
+            if self.state in ("second-opening", "restarting", "rerunning"):
+                self.rerun_error = why  # the first run stands: only the rerun tests fail
+                self._screenshots("FAILED-")
+                self.close()
+                self.state = "done"
+            else:
+                self.fail(why)
 
     def _step(self) -> None:
         nb = self.nb
@@ -134,7 +164,7 @@ class Job:
             return
         if self.state == "opening":
             if not nb.connected():
-                if time.monotonic() - self.opened > 120:
+                if self._overdue(120):
                     raise AssertionError(f"{self.path}: the notebook and its kernel were not ready within 120 s")
                 return
             nb.ready()
@@ -142,31 +172,36 @@ class Job:
         elif self.state == "running":
             prompts = nb.finished()
             if prompts is None:
-                if time.perf_counter() - self.run_started > RUN_TIMEOUT:
+                if self._overdue(RUN_TIMEOUT):
                     raise AssertionError(f"{self.path}: a run did not finish within {RUN_TIMEOUT} s: {nb.prompts()}")
                 return
             self._after_click(prompts)
+        elif self.state in ("second-opening", "restarting", "rerunning"):
+            self._rerun_step()
 
     def _dialog(self) -> bool:
-        """A dialog over the notebook: a dead kernel fails the job; any other is dismissed.
+        """A dialog over a notebook of this job: a dead kernel fails the job; any other is dismissed.
 
         "Select Kernel" comes when a click reached a notebook whose kernel was not connected
         yet; answering it would start another kernel. Dismissed, the click ran nothing, and
         :meth:`_after_click` clicks again once the kernel is connected.
         """
-        dialog = self.nb.page.locator(".jp-Dialog")
-        if dialog.count() == 0:
-            return False
-        text = " ".join(dialog.first.inner_text().split())
-        if "died" in text or "dead" in text.lower():
-            raise AssertionError(f"{self.path}: JupyterLab says: {text}")
-        self.notes.append(f"{self.path}: JupyterLab asked {text[:80]!r}; dismissed")
-        self.nb.page.keyboard.press("Escape")
-        return True
+        for nb in filter(None, (self.nb, self.second)):
+            dialog = nb.page.locator(".jp-Dialog")
+            if dialog.count() == 0:
+                continue
+            text = " ".join(dialog.first.inner_text().split())
+            if "died" in text or "dead" in text.lower():
+                raise AssertionError(f"{nb.path}: JupyterLab says: {text}")
+            self.notes.append(f"{nb.path}: JupyterLab asked {text[:80]!r}; dismissed")
+            nb.page.keyboard.press("Escape")
+            return True
+        return False
 
     def _begin(self, command: str) -> None:
         self.nb.begin(command)
         self.run_started = time.perf_counter()
+        self._mark()
         self.command = command
         if command == "runmenu:run-all":
             self.current = Run(0.0, [])
@@ -186,6 +221,7 @@ class Job:
             self.nb.ready()
             self.nb.begin(self.command)
             self.run_started = time.perf_counter()
+            self._mark()
             return
         run.prompts = prompts
         if self.nb.stuck:
@@ -214,8 +250,92 @@ class Job:
                 run.connections = steady_connections(self.runs.servers, self.pid)
         self.done.append(run)  # one Run All; re-runs in one kernel: tests/test_00_notebook_runs.py
         self.look()
+        if self.rerun:
+            self._open_second()
+            return
         self.close()
         self.state = "done"
+
+    # restart and run all; a second kernel --------------------------------------------------
+
+    @property
+    def second_path(self) -> str:
+        return f"notebooks/{self.chapter}/{self.chapter}-second-kernel.ipynb"
+
+    def _open_second(self) -> None:
+        """A clean copy of the student notebook beside it (same folder, another file: another kernel)."""
+        source = REPO / "notebooks" / self.chapter / f"{self.chapter}.ipynb"
+        (self.runs.server.root / self.second_path).write_bytes(source.read_bytes())
+        self.second = Notebook(self.runs.browser, self.runs.server, self.second_path, wait=False)
+        OPEN_PAGES.remove(self.second.page)
+        AFTER_CLOSE.pop(self.second.page, None)
+        self.state = "second-opening"
+        self._mark()
+
+    def _rerun_step(self) -> None:
+        nb, second = self.nb, self.second
+        if self.state == "second-opening":
+            if not second.connected():
+                if self._overdue(120):
+                    raise AssertionError(f"{self.second_path}: the copy and its kernel were not ready within 120 s")
+                return
+            second.ready()
+            self.rerun_started = time.perf_counter()
+            # outputs and numbers cleared first, so that a cell the restarted run never reaches shows
+            # "[ ]", not its number from the first run
+            menu(nb.page, "Edit", "editmenu:clear-all")
+            deadline = time.monotonic() + 15
+            while any(re.search(r"\d", p) for p in nb.prompts()):
+                assert time.monotonic() < deadline, f"{self.path}: Clear Outputs of All Cells left {nb.prompts()}"
+                time.sleep(0.1)
+            self._restart_before = nb.prompts()
+            second.begin("runmenu:run-all")  # the first kernel is open and idle, with all it started
+            menu(nb.page, "Kernel", "runmenu:restart-and-run-all")
+            nb.page.locator(".jp-Dialog .jp-mod-accept").click(timeout=15_000)  # "Restart Kernel?"
+            self._mark()
+            self.state = "restarting"
+        elif self.state == "restarting":
+            # the restart stops the old kernel (its clean-ups run) before the cells are queued again
+            if nb.prompts() == self._restart_before:
+                if self._overdue(120):
+                    raise AssertionError(f"{self.path}: Restart Kernel and Run All ran no cell within 120 s")
+                return
+            # over once the prompts differ from the cleared ones, the kernel is idle and no cell shows [*]
+            # (a run that ended while no one looked, during a long test, is over at once)
+            nb._before, nb.highest_before, nb._last, nb._stuck_since, nb.stuck = self._restart_before, 0, None, None, []
+            nb._began = time.perf_counter()
+            self._mark()
+            self.state = "rerunning"
+        elif self.state == "rerunning":
+            for name, tab in (("restart", nb), ("second kernel", second)):
+                if name in self.reruns:
+                    continue
+                prompts = tab.finished()
+                if prompts is None:
+                    if self._overdue(RUN_TIMEOUT):
+                        raise AssertionError(f"{tab.path}: {name}: the run did not finish within {RUN_TIMEOUT} s")
+                    continue
+                not_run = [i for i, p in enumerate(prompts) if not re.search(r"\d", p) and i not in tab.stuck]
+                self.reruns[name] = Run(
+                    time.perf_counter() - self.rerun_started, prompts, stopped_at=not_run[:1], saved=tab.saved()
+                )
+                if tab.stuck:
+                    self.notes.append(
+                        f"{tab.path}: {name}: JupyterLab kept showing [*] on code cell(s) "
+                        f"{[i + 1 for i in tab.stuck]} though the kernel was idle"
+                    )
+            if len(self.reruns) == 2:
+                self._screenshots()
+                self.close()
+                self.state = "done"
+
+    def _screenshots(self, prefix: str = "") -> None:
+        for tab, name in ((self.nb, "restarted"), (self.second, "second-kernel")):
+            try:
+                if tab is not None:
+                    self.notes.append(f"screenshot {screenshot(tab.page, f'{prefix}{self.chapter}-student-{name}')}")
+            except Exception:  # noqa: BLE001 - a screenshot must not hide what happened
+                pass
 
     def fail(self, why: str) -> None:
         self.error = why
@@ -230,6 +350,15 @@ class Job:
 
     def close(self) -> None:
         self.finished_at = time.perf_counter()
+        if self.second is not None:
+            page, self.second = self.second.page, None
+            try:
+                page.close()
+            finally:
+                try:
+                    self.runs.server.shutdown_kernels(self.second_path)
+                except Exception:  # noqa: BLE001 - the server goes at the end of the session anyway
+                    pass
         if self.nb is None:
             return
         self.kernel_cpu = kernel_cpu(self.pid or self.runs.server.kernel_pid(self.path))
@@ -360,14 +489,23 @@ class Runs:
         self.browser, self.server, self.servers, self.parallel = browser, server, servers, parallel
         # longest first, so that no long job starts last while the other tabs sit idle: the solutions
         # before the students, the later (design) chapters before the earlier ones
-        order = sorted(wanted, key=lambda w: (w[1] != "solution", [-ord(c) for c in w[0]]))
+        reruns = {chapter for chapter, kind in wanted if kind == "rerun"}
+        wanted = [*wanted, *((chapter, "student") for chapter in reruns)]
+        order = sorted(
+            dict.fromkeys(w for w in wanted if w[1] != "rerun"),
+            key=lambda w: (w[1] != "solution", [-ord(c) for c in w[0]]),
+        )
         self.jobs = {(chapter, kind): Job(self, chapter, kind) for chapter, kind in order}
+        for chapter in reruns:
+            self.jobs[(chapter, "student")].rerun = True
         self.started = time.perf_counter()
         self.ended: float | None = None
 
     def wait(self, chapter: str, kind: str) -> Job:
-        job = self.jobs[(chapter, kind)]
-        while not job.over:
+        """The job once what ``kind`` reads is recorded: its first run ("student", "solution"), or its
+        reruns ("rerun": the student job over)."""
+        job = self.jobs[(chapter, "student" if kind == "rerun" else kind)]
+        while not (job.over or (kind != "rerun" and job.done)):
             self.tick()
             time.sleep(0.5)
         return job
@@ -391,7 +529,10 @@ class Runs:
 
     def table(self) -> list[str]:
         """Wall time and kernel CPU of each chapter's notebooks, and the connections, for the terminal summary."""
-        lines = [f"{'chapter':34} {'student s (cpu)':>16} {'solution s (cpu)':>17} {'postgres':>9} {'redis':>6}"]
+        lines = [
+            f"{'chapter':34} {'student s (cpu)':>16} {'solution s (cpu)':>17} {'postgres':>9} {'redis':>6}"
+            f" {'restart / 2nd kernel s':>23}"
+        ]
         for chapter in sorted({c for c, _ in self.jobs}):
             student, solution = self.jobs.get((chapter, "student")), self.jobs.get((chapter, "solution"))
             s = f"{student.done[0].seconds:.1f} ({_cpu(student)})" if student and student.done else "-"
@@ -404,7 +545,12 @@ class Runs:
             if solution and solution.done and solution.done[-1].connections:
                 held = solution.done[-1].connections
                 pg, rd = str(held["postgres"]), str(held["redis"])
-            lines.append(f"{chapter:34} {s:>16} {runs:>17} {pg:>9} {rd:>6}")
+            again = "-"
+            if student and student.reruns:
+                again = " / ".join(
+                    f"{student.reruns[k].seconds:.1f}" for k in ("restart", "second kernel") if k in student.reruns
+                )
+            lines.append(f"{chapter:34} {s:>16} {runs:>17} {pg:>9} {rd:>6} {again:>23}")
         if self.ended is not None:
             cpu = sum(j.kernel_cpu or 0 for j in self.jobs.values())
             lines.append(

@@ -1,6 +1,6 @@
 """Chapter 13's live leaderboard in headless Chromium: the page connects over Server-Sent Events
-and moves when score events arrive, without reloading, and when its "play" button asks the
-service for a burst of its own.
+and moves when score events arrive, without reloading, and when its "new game" button asks the
+service for a burst of its own (on a board it clears first, and says so).
 
 The service is the chapter's Starlette app (``course.chapters.ch13.make_app``) with the
 reference ``record`` and ``top_and_rank``, on a scratch namespace of the live servers; score
@@ -74,6 +74,11 @@ def test_13_the_live_board_moves_in_the_browser_as_scores_arrive(browser, live_b
         timeout=10_000,
     )
     assert page.locator("#problem").inner_text() == ""
+    # the page says that it cleared the board: a board back at zero with no word of why reads as a bug
+    page.wait_for_function("() => document.querySelector('#game').textContent.startsWith('a new game')", timeout=5_000)
+    said = page.locator("#game").inner_text()
+    assert said.startswith("a new game: the board starts from zero"), said
+    assert "new game" in page.locator("#play").inner_text()
 
 
 LIVE_CELLS = [

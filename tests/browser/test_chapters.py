@@ -12,11 +12,16 @@ here). For each chapter:
   fails here too); its plots drawn and widgets rendered in the page, a slider next to a plot
   redraws it (chapters 00 and 01 must have one, when selected); a screenshot.
 
+With ``rerun`` (``BROWSER_RERUNS``, below), the student notebook is then run twice more at once: **Restart
+Kernel and Run All** in its tab, and **Run All** of a copy in a second tab (a second kernel) while the
+first kernel is still open; each must reach the last cell with no traceback.
+
 Which chapters: ``BROWSER_CHAPTERS`` (chapter numbers, or ``all``, the default here). `make
 test-browser`, which CI runs, picks 00 (the tour, what a learner meets first, with a slider
 redrawing a plot), 13 (a live page embedded in the notebook) and 14 (the drills): every kind of
-output a browser shows, in about 3 minutes instead of the 9 that all fifteen take on 2 cores.
-`make test-browser BROWSER_CHAPTERS=all` runs every chapter.
+output a browser shows, in about 2.5 minutes on 2 cores, with no reruns (``BROWSER_RERUNS`` of
+chapter 00 alone adds about 40 s). `make test-browser BROWSER_CHAPTERS=all` runs every chapter and
+reruns every one: 72 tests in about 12 minutes on 2 cores (20 on a machine busy with other work).
 
 The solution runs in the browser for the chapters whose notebook shows what only a browser
 shows: a widget or an embedded page (``INTERACTIVE``). Every solution also runs in
@@ -51,8 +56,20 @@ def _selected(found: list[str]) -> list[str]:
     return found if wanted == ["all"] else [c for c in found if c[:2] in wanted]
 
 
+def _reruns(selected: list[str]) -> list[str]:
+    """``BROWSER_RERUNS``: the chapters (of those selected) whose student notebook is also restarted and
+    run in a second kernel; unset, every selected chapter when ``BROWSER_CHAPTERS`` is "all", else none."""
+    wanted = os.environ.get("BROWSER_RERUNS")
+    if wanted is None:
+        wanted = "all" if os.environ.get("BROWSER_CHAPTERS", "all").strip() == "all" else ""
+    wanted = wanted.replace(",", " ").split()
+    return selected if wanted == ["all"] else [c for c in selected if c[:2] in wanted]
+
+
 FOUND = chapters()
 CHAPTERS = _selected(FOUND)
+#: the chapters whose student notebook also gets Restart Kernel and Run All, and Run All in a second kernel
+RERUNS = _reruns(CHAPTERS)
 #: the chapters whose solution shows what only a browser shows (widgets, an embedded page)
 INTERACTIVE = [c for c in CHAPTERS if interactive(c)]
 NOT_DONE = "not done yet"
@@ -154,6 +171,46 @@ def test_student_notebook_shows_no_traceback(chapter, chapter_runs, request):
             problems.append(f"the test cell of {task} does not say '{task}: {NOT_DONE}': {_first_lines(shown)}")
     print(f"screenshot {job.screenshot}")
     assert not problems, f"{job.path}, what the learner sees:\n" + "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------- again, as a learner comes back
+
+
+def _rerun_problems(job: Job, name: str) -> list[str]:
+    run = job.reruns.get(name)
+    if run is None:
+        return [f"no {name} run was recorded: {job.rerun_error or job.state}", *job.notes]
+    problems = []
+    if run.stopped_at:
+        problems.append(
+            f"the run stopped before code cell {run.stopped_at[0] + 1}: it and the cells after it did not run"
+        )
+    return problems + _problems(run.saved, allow_not_done=True)
+
+
+@pytest.mark.notebook("rerun")
+@pytest.mark.parametrize("chapter", RERUNS)
+def test_restart_kernel_and_run_all_reaches_the_last_cell(chapter, chapter_runs, request):
+    """Kernel > Restart Kernel and Run All Cells after a Run All: the restarted kernel meets what the old
+    one left on the servers (namespaces, services, replication slots) and must run to the end as the
+    first did (chapter 09 once stopped at cell 15 of 33 here)."""
+    _known(request, chapter)
+    job = _job(chapter_runs, chapter, "rerun")
+    problems = _rerun_problems(job, "restart")
+    for note in job.notes:
+        print(note)
+    assert not problems, f"{job.path}, Restart Kernel and Run All:\n" + "\n".join(problems)
+
+
+@pytest.mark.notebook("rerun")
+@pytest.mark.parametrize("chapter", RERUNS)
+def test_run_all_in_a_second_kernel_while_the_first_is_open_reaches_the_last_cell(chapter, chapter_runs, request):
+    """A second kernel runs the chapter while the first is open, as Validate's does: the two must not
+    take each other's databases, services, ports or connections."""
+    _known(request, chapter)
+    job = _job(chapter_runs, chapter, "rerun")
+    problems = _rerun_problems(job, "second kernel")
+    assert not problems, f"{job.second_path}, Run All in a second kernel:\n" + "\n".join(problems)
 
 
 # ----------------------------------------------------------------------------- the solution notebook

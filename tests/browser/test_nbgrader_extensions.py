@@ -54,19 +54,36 @@ def _validate(page, name: str) -> str:
     return text
 
 
-def test_validate_fails_an_unfinished_chapter_and_passes_the_solution(learner_lab, browser):
-    """nbgrader's Validate button must not say "Success!" to a notebook worth 0 points."""
+def test_validate_says_why_a_chapter_fails_and_passes_the_solution(learner_lab, browser):
+    """nbgrader's Validate button must not say "Success!" to a notebook worth 0 points, and its dialog
+    must say why: it shows the failing cell's source (the test cell, ``public("count_visit")``) and the
+    error, not what the cell printed. A wrong answer whose public checks pass is the hard case: the
+    error must name the hidden checks and the answer cell, and carry the [FAIL] line. (An unfinished
+    answer's "not done yet" takes the same way: tests/test_00_harness.py.)"""
+    import json
+
+    from tests.test_00_grading import GET_THEN_SET
+
     first = chapter_name("00")
     # copies of their own: a notebook open in two tabs shares one kernel session in JupyterLab, and the
     # chapter runs (test_chapters.py) have these two open at the same time; closing this test's tab shut
     # their kernel down, and saving here raised "File Changed" over their save
-    for kind, folder in (("student", "notebooks"), ("solution", "solutions")):
+    for kind, folder in (("wrong", "notebooks"), ("solution", "solutions")):
         copy = learner_lab.root / "validate" / kind / f"{first}.ipynb"
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(learner_lab.root / folder / first / f"{first}.ipynb", copy)
-    student = Notebook(browser, learner_lab, f"validate/student/{first}.ipynb")
-    said = _validate(student.page, "validate-student-00")
-    assert "Success" not in said and "not done yet" in said, said[-1500:]
+    wrong = learner_lab.root / "validate" / "wrong" / f"{first}.ipynb"
+    nb = json.loads(wrong.read_text())
+    (cell,) = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "count_visit"]
+    cell["source"] = GET_THEN_SET.strip()  # reads, adds one, writes back: loses updates under concurrency
+    wrong.write_text(json.dumps(nb, indent=1))
+    student = Notebook(browser, learner_lab, f"validate/wrong/{first}.ipynb")
+    said = _validate(student.page, "validate-wrong-00")
+    words = " ".join(said.split())
+    assert "Success" not in said and 'public("count_visit")' in said, said[-1500:]
+    assert "count_visit: 0/2 points from the hidden checks" in words, said[-1500:]
+    assert "the cell that defines `count_visit`" in words and "[FAIL]" in said and "lost updates" in words, said
+    assert "see the lines above" not in said, said[-1500:]
     solution = Notebook(browser, learner_lab, f"validate/solution/{first}.ipynb")
     said = _validate(solution.page, "validate-solution-00")
     assert "Success! Your notebook passes all the tests." in said, said[-1500:]

@@ -29,6 +29,7 @@ from course.chapters.ch08.overload import (  # noqa: F401 - the notebook reaches
     outages,
     plot_outage,
     rate_is_not_concurrency,
+    return_to_redis,
 )
 
 MINUTE = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC: a whole minute, so windows start on it

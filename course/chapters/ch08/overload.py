@@ -71,13 +71,14 @@ class OutageRun:
         down = self.pause[1] - self.pause[0]
         back = "not within the run"
         if self.back_at is not None and self.all_back_at is not None:
-            back = f"from {self.back_at:.2f} s, on every replica from {self.all_back_at:.2f} s"
+            end = self.pause[1]
+            back = f"{self.back_at - end:.2f} s later, on every replica {self.all_back_at - end:.2f} s later"
         return [
             f"{self.mode:8} admitted {self.total:3} in all, {self.in_outage:3} in the {down:.1f} s Redis was down "
             f"(the limit allows {self.rate * down:.0f} plus a burst)",
             f"{'':8} decided by {dict(self.paths)}; slowest decision {self.worst_ms:.0f} ms "
             f"(timeout {self.timeout * 1000:.0f} ms)",
-            f"{'':8} Redis answered again at {self.pause[1]:.2f} s; decisions on Redis again {back}",
+            f"{'':8} Redis answered again at {self.pause[1]:.2f} s; decided on Redis again {back}",
         ]
 
 
@@ -190,6 +191,36 @@ def outage_claims(runs: list[OutageRun], capacity: int) -> list[dict]:
             )
         )
     return out
+
+
+def return_to_redis(runs: list[OutageRun]) -> str:
+    """When the replicas decided on Redis again, in a sentence computed from the run.
+
+    A breaker open at the end of the outage probes again one cooldown after its last probe failed,
+    and that probe fell anywhere in the outage's last cooldown: so a replica comes back anywhere
+    from right away to about one cooldown after Redis, not "one cooldown" as a rule. A probe sent
+    as Redis wakes, while it works through the commands it held, or on a busy machine, can still
+    time out and cost its replica another cooldown: measured here, up to three on a loaded 2-core
+    laptop. So the sentence says which of the two this run saw, with its numbers.
+    """
+    cooldown = runs[0].cooldown
+    first = [run.back_at - run.pause[1] for run in runs if run.back_at is not None]
+    last = [run.all_back_at - run.pause[1] for run in runs if run.all_back_at is not None]
+    if not first or len(last) < len(runs):
+        return "some replicas were still on the fallback when the run ended: a longer run would show their return"
+    import textwrap
+
+    said = (
+        f"back on Redis {min(first):.2f} s after it answered again, every replica {max(last):.2f} s after: "
+    )
+    if max(last) <= cooldown + runs[0].timeout:
+        said += f"within one cooldown ({cooldown:.1f} s), each at its breaker's next probe"
+    else:
+        said += (
+            f"more than one cooldown ({cooldown:.1f} s): a probe sent as Redis woke (busy with the commands "
+            "it held) or delayed by this busy machine timed out, and its breaker waited another cooldown"
+        )
+    return textwrap.fill(said, 104, subsequent_indent="  ")
 
 
 def plot_outage(runs: list[OutageRun], *, seconds: float | None = None):

@@ -10,8 +10,9 @@ Routes:
 - ``GET /events-lib``  the same stream through ``sse-starlette``'s ``EventSourceResponse``;
 - ``GET /board``       the current snapshot as JSON;
 - ``POST /scores``     one score event, applied with ``record_score``;
-- ``POST /play``       a burst of score events for a few seconds, played by the server itself
-  (the page's "play" button), so the board can move long after the notebook's cells ran.
+- ``POST /play``       a new game: the board cleared, then a burst of score events for a few seconds,
+  played by the server itself (the page's "new game" button, which says so), so the board can move
+  long after the notebook's cells ran.
 
 One poller per app (:class:`BoardFeed`) reads the top N a few times a second and wakes the
 streams when it changed, so a thousand open pages cost the same Redis reads as one. A
@@ -276,7 +277,7 @@ def make_app(
                 await asyncio.sleep(0.1)
 
         state.burst = asyncio.create_task(burst())
-        return JSONResponse({"playing": True, "started": True, "seconds": seconds})
+        return JSONResponse({"playing": True, "started": True, "seconds": seconds, "cleared": True})
 
     routes = [
         Route("/", page),
@@ -334,7 +335,7 @@ PAGE = """<!doctype html>
 </head>
 <body>
 <header><h1>Top {{N}}</h1><span id="status">connecting</span>
-<button id="play" title="the server plays score events for 5 seconds">play 5 s</button></header>
+<button id="play" title="clears the board, then the server plays score events for 5 seconds">new game, 5 s</button></header>
 <table>
   <thead><tr><th>#</th><th>player</th><th class="points">points</th></tr></thead>
   <tbody id="board"></tbody>
@@ -342,6 +343,7 @@ PAGE = """<!doctype html>
 <p id="follow"></p>
 <p id="problem"></p>
 <p class="meta">updates: <span id="updates">0</span> · last: <span id="last">never</span></p>
+<p class="meta" id="game"></p>
 <script>
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s).replace(/[&<>"']/g, (c) => "&#" + c.charCodeAt(0) + ";");
@@ -371,7 +373,13 @@ $("play").onclick = () => {
   $("play").disabled = true;
   setTimeout(() => { $("play").disabled = false; }, 5000);
   fetch("play", {method: "POST", headers: {"Content-Type": "application/json"}, body: '{"seconds": 5}'})
-    .then((r) => r.ok ? null : r.json().then((j) => { $("problem").textContent = j.error; }))
+    .then((r) => r.json().then((j) => {
+      if (!r.ok) { $("problem").textContent = j.error; return; }
+      if (j.started) {
+        $("game").textContent = `a new game: the board starts from zero, then ${j.seconds} s of score events ` +
+          `(${new Date().toLocaleTimeString()})`;
+      }
+    }))
     .catch(() => { $("problem").textContent = "the service is not running"; });
 };
 source.onerror = () => {
