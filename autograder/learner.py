@@ -251,8 +251,10 @@ class Root:
         self.namespace.pop(name, None)
 
     def task_ended(self, number: int):
-        """How this process's task ``number`` ended (:func:`autograder.wire.ended`)."""
-        return wire.ending_of(number)
+        """How this process's task ``number`` ended (:func:`autograder.callers.ended`)."""
+        from autograder.callers import ending_of
+
+        return ending_of(number)
 
     def call_seeing_args(self, name: str, args: list) -> list:
         """``[name(*args), args]``: the arguments as the answer left them (plain data crossed as copies,

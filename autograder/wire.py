@@ -41,6 +41,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from autograder import values
+from autograder.callers import _caller, _conns, _raised, _task_number
 from autograder.proxies import (  # noqa: F401 - the wire's names: checks and tests use them as wire.*
     BoundMethod,
     Policy,
@@ -61,87 +62,6 @@ _serving: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVa
 #: The event loop whose objects these are, for objects made in a thread without one (a check's
 #: ``asyncio.to_thread``): set where a check starts (:meth:`autograder.session.RemoteNamespace.bind`).
 home_loop: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = contextvars.ContextVar("home_loop", default=None)
-#: Who made the call being served: (this connection, the calling side's task number), see :func:`caller`.
-_caller: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("caller", default=None)
-_task_numbers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_next_task = itertools.count(1)
-
-
-_endings: dict[int, object] = {}  # task number -> how it ended (see ending_of), the last 10,000
-_conns: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> Conn, for ended()
-
-
-def _task_number() -> int | None:
-    """A number for the running task, the same for every call it makes (``id()`` can be reused)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        return None
-    if task is None:
-        return None
-    number = _task_numbers.get(task)
-    if number is None:
-        number = _task_numbers[task] = next(_next_task)
-        task.add_done_callback(lambda t, n=number: _record_ending(n, t))
-    return number
-
-
-#: A task serving the other side's call ends "returned" whatever its callee raised (the error is the
-#: reply): what the callee raised, by task, for :func:`_how`.
-_raised: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _how(task: asyncio.Future):
-    if not task.done():
-        return None
-    if task.cancelled():
-        return "cancelled"
-    err = _raised.get(task) or task.exception()
-    if err is None:
-        return "returned"
-    if isinstance(err, asyncio.CancelledError):
-        return "cancelled"
-    return [f"{c.__module__}.{c.__qualname__}" for c in type(err).__mro__]
-
-
-def _record_ending(number: int, task: asyncio.Future) -> None:
-    _endings[number] = _how(task)
-    while len(_endings) > 10_000:
-        _endings.pop(next(iter(_endings)))
-
-
-def ending_of(number: int):
-    """How this side's task ``number`` ended: None while it runs, "returned", "cancelled", or the
-    ``module.qualname`` of its exception's classes."""
-    return _endings.get(number)
-
-
-async def ended(token):
-    """How the task behind a :func:`caller` token ended (see :func:`ending_of`), asked of the side it
-    ran on; in one process, of the task itself."""
-    if isinstance(token, asyncio.Future):
-        return _how(token)
-    if not isinstance(token, tuple):
-        return None
-    conn = _conns.get(token[0])
-    if conn is None or not conn.alive:
-        return None
-    return await conn.call_async(ROOT, "method", "task_ended", (token[1],), {})
-
-
-def caller():
-    """The task a call came from: ``asyncio.current_task()`` in one process; across the wire, a
-    token that is the same for every call the other side's task makes (each call is served in a
-    task of its own here, so the task this side runs in says nothing of who called)."""
-    remote = _caller.get()
-    if remote is not None:
-        return remote
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
-
-
 # ----------------------------------------------------------------------------- the connection
 
 
@@ -333,11 +253,11 @@ class Conn:
             return
         self._fallback_serve(msg)
 
-    def _bare_queue(self, caller) -> queue.SimpleQueue:
+    def _bare_queue(self, thread) -> queue.SimpleQueue:
         """The thread (one per calling thread of the other side) that serves calls made off an event loop."""
-        found = self._bare.get(caller)
+        found = self._bare.get(thread)
         if found is None:
-            found = self._bare[caller] = queue.SimpleQueue()
+            found = self._bare[thread] = queue.SimpleQueue()
             threading.Thread(target=self._bare_loop, args=(found,), name=f"{self.name}-bare", daemon=True).start()
         return found
 

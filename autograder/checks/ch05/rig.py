@@ -13,9 +13,9 @@ import psycopg
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
+from autograder.callers import caller, ended
 from autograder.harness import Report, error_line
 from autograder.probes import settled
-from autograder.wire import caller, ended
 from course import messaging as mq
 from course.backoff import FullJitter
 from course.kit.faults import DependencyError
@@ -174,9 +174,9 @@ class Replica:
         self.watcher = watcher
         self.dead = False
         self.killed_at: str | None = None
-        self.killed_task = None  # the task the kill was raised in (see autograder.wire.caller)
+        self.killed_task = None  # the task the kill was raised in (see autograder.callers.caller)
         self.after_kill: list[str] = []  # Redis commands that task still sent: it caught the kill
-        self.kill_ending = None  # how that task ended (autograder.wire.ended): not by the kill, it caught it
+        self.kill_ending = None  # how that task ended (autograder.callers.ended): not by the kill, it caught it
         self.overlap_probe = overlap_probe
         self.in_flight: Counter = Counter()
         self.overlaps: list[str] = []
