@@ -367,7 +367,7 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
             f"cut after {t.timeout:g} s (virtual time is instant, so something waited on real time or never finished)",
             stop=False,
         )
-    elif "error" in outcome and _checks_own_use(outcome["error"]):
+    elif "error" in outcome and _checks_own_use(outcome["error"], args):
         outcome["left_out"] = True
         r.note(
             f"not graded here: this check builds its scenario with {str(outcome['error']).split(' is ')[0]}, "
@@ -403,15 +403,18 @@ _CONNECTION_ERRORS = {
 }
 
 
-def _checks_own_use(err: BaseException) -> bool:
+def _checks_own_use(err: BaseException, answers: list = ()) -> bool:
     """An answer left out of this copy of the course (``course handout``), called by a check, not by the
     learner's code: it was raised in this process (an error from the learner's process crossed the wire)
     and no frame of its traceback is a learner's cell."""
     from autograder import references
+    from autograder.proxies import Proxy
     from autograder.values import frames_of
 
     if getattr(err, "__remote_str__", None) is not None:
         return False  # the learner's code called it (re-exported it, wrapped it): its own failure
+    if any(getattr(a, "__course_reference__", None) for a in answers if not isinstance(a, Proxy)):
+        return False  # the answer is the left-out reference itself, re-exported
     return references.left_out(err) and not any(name.startswith("<") for name, _, _ in frames_of(err))
 
 

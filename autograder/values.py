@@ -24,6 +24,7 @@ import datetime as dt
 import decimal
 import importlib
 import sys
+import sysconfig
 import traceback
 import uuid
 from typing import Any
@@ -33,6 +34,8 @@ TRUSTED_MODULES = frozenset(
     {"builtins", "asyncio", "concurrent", "socket", "ssl", "json", "httpx", "httpcore", "psycopg", "psycopg_pool"}
     | {"redis", "course", "anyio", "h11", "uuid", "decimal", "zoneinfo", "sqlite3", "_queue", "queue"}
 )
+#: The standard library's folder: its frames are nobody's line to fix (``return fut.result()``).
+_STDLIB = sysconfig.get_paths()["stdlib"] + "/"
 MAX_DEPTH = 48
 MAX_TEXT = 4000
 
@@ -108,7 +111,7 @@ def exception_data(err: BaseException, encode_attr, depth: int = 0, encode_link=
     frames = [  # the frames a report names a line from: not the grader's, not a library's
         [f.filename, f.lineno, (f.line or "")[:200]]
         for f in traceback.extract_tb(err.__traceback__)
-        if "autograder" not in f.filename and "site-packages" not in f.filename
+        if "autograder" not in f.filename and "site-packages" not in f.filename and not f.filename.startswith(_STDLIB)
     ][-8:]
     frames = getattr(err, "__remote_frames__", None) or frames
     out = {"mro": mro, "str": text[:MAX_TEXT], "args": args, "attrs": attrs, "frames": frames}
