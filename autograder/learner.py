@@ -397,22 +397,21 @@ async def _until_idle(skip_fd: int = -1) -> None:
 
 
 def _inbound(skip_fd: int) -> bool:
-    """Does a socket of this process (but ``skip_fd``, the wire's own) hold bytes not yet read?"""
+    """Does a socket this process's event loop watches (but ``skip_fd``, the wire's own) hold bytes not
+    yet read? A reply from Redis or PostgreSQL there would wake a caller: not idle. Sockets the loop
+    does not watch (a pooled connection at rest, which a server's notice can leave unread) wake no one."""
     import fcntl
-    import stat
+    import selectors
     import termios
 
-    try:
-        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
-    except OSError:
+    selector = getattr(asyncio.get_running_loop(), "_selector", None)
+    if selector is None:
         return False
-    for fd in fds:
-        if fd == skip_fd:
+    for key in list(selector.get_map().values()):
+        if key.fd == skip_fd or not key.events & selectors.EVENT_READ:
             continue
         try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
-            if int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little"):
+            if int.from_bytes(fcntl.ioctl(key.fd, termios.FIONREAD, b"\0\0\0\0"), "little"):
                 return True
         except OSError:
             continue

@@ -580,9 +580,16 @@ class Conn:
         return ["r", self._export(value), self._describe(value)]
 
     def _describe(self, value) -> dict:
-        if inspect.isclass(value) or inspect.isroutine(value) or inspect.isawaitable(value):
+        if (
+            inspect.isclass(value)
+            or inspect.isroutine(value)
+            or inspect.iscoroutine(value)
+            or isinstance(value, asyncio.Future)
+        ):
             return describe(value, self.policy)
-        cached = self._metas.get(type(value))  # an instance: what it offers is its class's
+        # an instance (an awaitable one too: a redis-py client): what it offers is its class's, and a call
+        # is checked against the policy again when it comes (describing a client is 20 ms: 500 names)
+        cached = self._metas.get(type(value))
         if cached is None:
             cached = self._metas[type(value)] = describe(value, self.policy)
         return cached

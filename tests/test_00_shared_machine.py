@@ -248,7 +248,7 @@ def test_servers_lost_during_a_run_make_it_not_graded_and_never_cached(tmp_path,
     answers = iter([None, "Redis at redis://x does not answer: ..."])  # up before the run, down after it
     monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
-    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
+    monkeypatch.setattr(grading, "_run_once", lambda job, timeout: _failing_run(job, tasks))
     graded = gradecache.cached_grade(tmp_path / "cache", CHAPTER, trusted, _solution(), sandbox="off")
     assert not graded.complete and graded.not_graded.startswith("Redis at")
     assert {t.status for t in graded.tasks} == {"not_graded"}
@@ -263,7 +263,7 @@ def test_a_connection_error_with_the_servers_up_is_the_learners_and_graded(tmp_p
     tasks = [c["task"] for c in trusted if c["kind"] == "test"]
     monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: None)
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
-    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
+    monkeypatch.setattr(grading, "_run_once", lambda job, timeout: _failing_run(job, tasks))
     graded = gradecache.cached_grade(tmp_path / "cache", CHAPTER, trusted, _solution(), sandbox="off")
     assert graded.complete and {t.status for t in graded.tasks} == {"failed"}
     assert "the connection that failed was your code's" in "\n".join(graded.tasks[0].feedback)
@@ -285,7 +285,7 @@ def test_course_grade_lists_a_not_graded_learner_as_failed_and_records_nothing(t
 
     monkeypatch.setattr(health, "server_problem", problem)
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
-    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
+    monkeypatch.setattr(grading, "_run_once", lambda job, timeout: _failing_run(job, tasks))
     folder = tmp_path / "submitted" / "ada" / CHAPTER
     folder.mkdir(parents=True)
     (folder / f"{CHAPTER}.ipynb").write_text(json.dumps(_solution()))
@@ -321,7 +321,7 @@ def test_course_grade_stops_with_exit_2_when_the_servers_stop_answering_between_
     answers = iter([None, None, down, down, down])  # the class's check, ada's start, after her run, bob's start
     monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
-    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
+    monkeypatch.setattr(grading, "_run_once", lambda job, timeout: _failing_run(job, tasks))
     for student in ("ada", "bob"):
         folder = tmp_path / "submitted" / student / CHAPTER
         folder.mkdir(parents=True)
@@ -556,7 +556,7 @@ def test_nbgrader_autograde_and_submit_refuse_a_broken_notebook_and_keep_the_old
     answers = iter([None, None, "PostgreSQL at postgresql://x does not answer: ..."])  # before, at start, after
     monkeypatch.setattr(health, "server_problem", lambda env, namespace=False: next(answers))
     monkeypatch.setattr(grading, "_servers_env", lambda: dict(DEAD))
-    monkeypatch.setattr(grading, "_run_once", lambda job, mode, timeout: _failing_run(job, tasks))
+    monkeypatch.setattr(grading, "_run_once", lambda job, timeout: _failing_run(job, tasks))
     result = _autograde_here(root, "ada")
     log = result["log"]  # (the API's "error" holds the traceback of the command's own final error)
     assert not result["success"] and "Traceback" not in log and "ServersDown" not in log + result["error"], log

@@ -387,10 +387,17 @@ WITH_RETRY_WRONG = {
             await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))"""),
         "404",
     ),
-    "ignores the retryable argument": (
+    "ignores the retryable argument": (  # its own is_retryable, from the cell above (the course's is left out)
         _loop("""            if attempt == retries or not is_retryable(err):
                 raise
-            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))"""),
+            await sleep(rand() * min(max_delay, base_delay * 2 ** attempt))""")
+        + """
+def is_retryable(err):
+    status = getattr(err, "status", None) or getattr(getattr(err, "response", None), "status_code", None)
+    if status is not None:
+        return status in (408, 429) or status >= 500
+    return isinstance(err, (TimeoutError, ConnectionError, httpx.TransportError))
+""",
         "retryable argument",
     ),
     "sleeps after the final attempt": (

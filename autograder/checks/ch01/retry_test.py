@@ -14,6 +14,7 @@ from collections.abc import Callable
 from autograder.checks.ch01.common import REAL_LIMIT, Cut, bounded
 from autograder.checks.ch01.versions import CORRECT, MUTANTS
 from autograder.harness import Report, error_line, task
+from autograder import references
 from autograder.probes import seeded_random
 from course.retry import with_retry as reference_with_retry
 
@@ -64,6 +65,11 @@ async def _run_learner_test(test, impl, limit: float = REAL_LIMIT) -> tuple[Base
     return None, spy
 
 
+OWN = (
+    "your test calls the course's own course.retry.with_retry (to compare against it?): its verdict would then "
+    "come from the course's code, not from your assertions. Work the expected calls and delays out in the "
+    "test from the rand() and sleep you inject"
+)
 FRESH = "Make the dependency, clock and recorders inside the test, so every run starts fresh"
 
 
@@ -85,7 +91,7 @@ def _calls_the_reference(test) -> bool:
     scope = getattr(test, "__globals__", None) or {}
     for name in names:
         value = scope.get(name)
-        if value is reference_with_retry:
+        if value is reference_with_retry or getattr(value, "__course_reference__", None) == "course.retry.with_retry":
             return True
         if value is course.retry and "with_retry" in names:
             return True
@@ -127,6 +133,12 @@ async def _check_retry_test(r: Report, test) -> None:
     err, spy = await _run_learner_test(test, reference_with_retry)
     if isinstance(err, NotImplementedError):
         raise err
+    # the course's with_retry is left out of the learner's copy: a test that calls it fails with that error
+    own = _calls_the_reference(test) or (err is not None and references.MARK in str(err))
+    if own and spy.calls == 0:
+        r.fail("your test never calls the with_retry it is given (its argument), so it cannot tell right from wrong")
+    if own:
+        r.fail(OWN)
     if err is not None:
         r.fail(f"against a correct with_retry (course.retry.with_retry) your test fails: {_short(err)}")
     if spy.calls == 0:
@@ -135,12 +147,6 @@ async def _check_retry_test(r: Report, test) -> None:
         r.fail(
             f"{spy.without_sleep} of its {spy.calls} with_retry calls pass no sleep=: inject a recording sleep "
             "(for example a VirtualClock's clock.sleep) so the test never waits for real and can see the delays"
-        )
-    if _calls_the_reference(test):
-        r.fail(
-            "your test calls the course's own course.retry.with_retry (to compare against it?): its verdict then "
-            "comes from the course's code, not from your assertions. Work the expected calls and delays out in the "
-            "test from the rand() and sleep you inject"
         )
     r.ok(f"passes against course.retry.with_retry ({spy.calls} with_retry calls, sleep injected)")
     err, _ = await _run_learner_test(test, reference_with_retry)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autograder.harness import Report, error_line, replica, task
 from autograder.probes import in_fresh_process
+from autograder.wire import each
 from course import shortener
 from course.chapters import ch12
 
@@ -31,6 +32,19 @@ def _with_key(r: Report, key: bytes, ids: list[int]) -> list:
             r.namespace["CODE_KEY"] = saved_ns
 
 
+def _onto_misses(encode_code, decode_code, samples: list[str]) -> list | None:
+    """``(code, id)`` of each sample code that does not encode back to itself, in two round trips; None
+    when a call raised (the check then asks one code at a time, as it reports each)."""
+    try:
+        ids = each(decode_code, samples)
+        if not all(isinstance(n, int) and 0 <= n < TOP for n in ids):
+            return None
+        again = each(encode_code, ids)
+    except Exception:  # noqa: BLE001 - learner code may raise anything: asked again one by one
+        return None
+    return [(c, n) for c, n, a in zip(samples, ids, again, strict=True) if a != c]
+
+
 def _is_code(value) -> bool:
     return isinstance(value, str) and len(value) == shortener.CODE_LENGTH and set(value) <= ALPHABET
 
@@ -55,7 +69,7 @@ async def check_codes(r: Report, encode_code, decode_code) -> None:
     )
     back = decode_code(code)
     r.expect(back == 1, f"decode_code({code!r}) = 1", f"decode_code({code!r}) returned {back!r}, expected 1")
-    first = [encode_code(n) for n in range(1, 21)]
+    first = each(encode_code, range(1, 21))  # one round trip for all (the answer runs in its own process)
     shared, _ = ch12.consecutive_stats(first)
     r.expect(
         len(set(first)) == 20 and shared < 2,
@@ -69,7 +83,7 @@ async def check_codes(r: Report, encode_code, decode_code) -> None:
     # --- a bijection of [0, 62**7) ----------------------------------------------------------------
     edges = [0, 1, 2, 61, 62, 62**6, TOP // 2, TOP - 2, TOP - 1]
     ids = edges + [r.random.randrange(TOP) for _ in range(2000)]
-    codes = [encode_code(n) for n in ids]
+    codes = each(encode_code, ids)
     bad = [(n, c) for n, c in zip(ids, codes, strict=True) if not _is_code(c)]
     r.expect(
         not bad,
@@ -77,7 +91,7 @@ async def check_codes(r: Report, encode_code, decode_code) -> None:
         f"encode_code({bad[0][0] if bad else ''}) returned {bad[0][1] if bad else ''!r}: every id in "
         "[0, 62**7) needs a code of exactly 7 characters of 0-9, A-Z, a-z (pad with the zero character)",
     )
-    wrong = [(n, c, decode_code(c)) for n, c in zip(ids, codes, strict=True)]
+    wrong = list(zip(ids, codes, each(decode_code, codes), strict=True))
     wrong = [w for w in wrong if w[2] != w[0]]
     r.expect(
         not wrong,
@@ -92,15 +106,17 @@ async def check_codes(r: Report, encode_code, decode_code) -> None:
         f"{len(set(ids))} different ids gave only {len(set(codes))} different codes",
     )
     samples = ["".join(r.random.choice(shortener.ALPHABET) for _ in range(7)) for _ in range(2000)]
-    misses = []
-    for c in samples:
-        try:
-            n = decode_code(c)
-            again = encode_code(n) if isinstance(n, int) and 0 <= n < TOP else None
-        except ValueError as err:
-            n, again = err, None
-        if again != c:
-            misses.append((c, n))
+    misses = _onto_misses(encode_code, decode_code, samples)
+    if misses is None:
+        misses = []
+        for c in samples:
+            try:
+                n = decode_code(c)
+                again = encode_code(n) if isinstance(n, int) and 0 <= n < TOP else None
+            except ValueError as err:
+                n, again = err, None
+            if again != c:
+                misses.append((c, n))
     r.expect(
         not misses,
         "2000 random 7-character codes: each decodes to an id in [0, 62**7) that encodes back to it (onto)",
@@ -133,7 +149,7 @@ async def check_codes(r: Report, encode_code, decode_code) -> None:
     runs = [1, r.random.randrange(10**6, 10**9), TOP - 1001]
     consecutive = []
     for start in runs:
-        consecutive += [encode_code(n) for n in range(start, start + 1000)]
+        consecutive += each(encode_code, range(start, start + 1000))
         consecutive.append("")  # no pair across two runs
     shared, end = ch12.consecutive_stats([c for c in consecutive if c])
     r.expect(
