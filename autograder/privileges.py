@@ -40,6 +40,19 @@ REDIS_ALLOWED = ("keys", "flushdb", "client|setname", "client|getname", "client|
 PG_DANGEROUS_ROLES = ("pg_read_server_files", "pg_write_server_files", "pg_execute_server_program")
 
 
+#: An advisory lock key: every run's grants of :data:`SETTABLE` change one row of pg_parameter_acl, and two
+#: at once fail ("tuple concurrently updated", or a unique violation when the row is first made)
+PARAMETER_ACL_LOCK = 0x636F7572  # "cour"
+
+
+@contextlib.contextmanager
+def _parameter_acl(conn: psycopg.Connection):
+    """A transaction holding the lock on the parameters' ACL row (one grant or revoke at a time, server-wide)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (PARAMETER_ACL_LOCK,))
+        yield
+
+
 class RunPrivileges:
     """The role and ACL user of one grading run; :meth:`drop` removes both."""
 
@@ -60,12 +73,13 @@ class RunPrivileges:
             conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(sql.Identifier(self.name), sql.Literal(stamp)))
             conn.execute(sql.SQL("ALTER ROLE {} SET search_path = learner, public").format(sql.Identifier(self.name)))
             if conn.info.server_version >= 150000:  # a superuser-only setting a check gives one pool (chapter 10)
-                for name in SETTABLE:
-                    conn.execute(
-                        sql.SQL("GRANT SET ON PARAMETER {} TO {}").format(
-                            sql.Identifier(name), sql.Identifier(self.name)
+                with _parameter_acl(conn):
+                    for name in SETTABLE:
+                        conn.execute(
+                            sql.SQL("GRANT SET ON PARAMETER {} TO {}").format(
+                                sql.Identifier(name), sql.Identifier(self.name)
+                            )
                         )
-                    )
         rules = ["on", f">{self.password}", "~*", "resetchannels", "+@all", "-@admin", "-@dangerous"]
         rules += [f"+{c}" for c in REDIS_ALLOWED if "|" not in c] + [f"-{c}" for c in REDIS_REFUSED]
         rules += [f"+{c}" for c in REDIS_ALLOWED if "|" in c]
@@ -117,7 +131,7 @@ def drop_role(admin_database_url: str, name: str) -> bool:
         with psycopg.connect(admin_database_url, autocommit=True) as conn:
             if conn.info.server_version >= 150000:
                 for setting in SETTABLE:
-                    with contextlib.suppress(psycopg.Error):
+                    with contextlib.suppress(psycopg.Error), _parameter_acl(conn):
                         conn.execute(
                             sql.SQL("REVOKE ALL ON PARAMETER {} FROM {}").format(
                                 sql.Identifier(setting), sql.Identifier(name)

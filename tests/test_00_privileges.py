@@ -133,6 +133,29 @@ def test_the_run_role_sets_only_the_settings_a_check_gives_it(learner_sql, run):
     assert learner_sql.execute("SHOW deadlock_timeout").fetchone() == ("5s",)
 
 
+def test_runs_made_and_dropped_at_once_each_get_their_settings():
+    """Every run's grant of a setting changes one catalog row: runs that start and end together (a class
+    graded in parallel) must not fail each other ("tuple concurrently updated")."""
+    import threading
+
+    srv = backends.servers()
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            for _ in range(3):
+                privileges.RunPrivileges(srv.database_url, srv.redis_url).drop()
+        except BaseException as err:  # noqa: BLE001 - collected, asserted below
+            errors.append(err)
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 def test_the_run_role_reads_and_writes_the_runs_tables(learner_sql):
     learner_sql.execute("INSERT INTO grader_table (id, v) VALUES (1, 'ok') ON CONFLICT DO NOTHING")
     assert learner_sql.execute("SELECT v FROM grader_table WHERE id = 1").fetchone() == ("ok",)
