@@ -532,7 +532,12 @@ def _assemble(chapter: str, trusted: list[dict], job: dict, run: _Run) -> Graded
             tg.feedback.append(f"  [FAIL] your answer cell raised {answer.error}")
         result = results.get(task_id)
         if result is None:
-            tg.feedback.append(f"  [FAIL] {task_id} was not graded: {run.why or 'the grading process ended first'}")
+            why = run.why or (
+                "the grader failed (a fault of the grader's, not of your code; see the notes)"
+                if any(e["event"] == "error" for e in run.events)
+                else "the grading process ended first"
+            )
+            tg.feedback.append(f"  [FAIL] {task_id} was not graded: {why}")
         else:
             tg.feedback.extend(result["lines"])
             tg.points = min(float(result["points"]), points)

@@ -29,12 +29,15 @@ selfcheck under 5 s; course check under 8 s; a notebook under 60 s (90 s for 12 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -133,17 +136,45 @@ def _course_check(repo: Path, chapter: str, env: dict) -> float:
 
 def versus(chapters: list[str], baseline: Path, repeat: int) -> dict:
     """``course check`` of each solution with this checkout and with ``baseline`` (another checkout, its
-    own venv), alternating, on the same servers, so both meet the same machine; plus where one run of
-    this checkout's grading spends its time (the runner's phases)."""
-    from autograder import grading
+    own venv, its own servers of the same kind), alternating, so both meet the same machine; plus where
+    one run of this checkout's grading spends its time (the runner's phases)."""
     from course.kit import backends
 
     env = {**os.environ, **backends.servers().as_env(), "COURSE_NO_PROGRESS": "1"}
+    with _own_servers(baseline) as urls:
+        their_env = {**env, **urls}
+        out = _versus(chapters, baseline, repeat, env, their_env)
+    return out
+
+
+@contextlib.contextmanager
+def _own_servers(checkout: Path):
+    """Servers started by ``checkout``'s own ``course up`` in a runtime folder of their own (an earlier
+    version's sandbox may not reach servers this one started, which run as an account of their own)."""
+    runtime = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+    env = {**os.environ, "TMPDIR": str(runtime)}
+    for name in ("REDIS_URL", "DATABASE_URL", "COURSE_BACKEND"):  # the embedded servers, whatever main() chose
+        env.pop(name, None)
+    course = str(checkout / ".venv" / "bin" / "course")
+    up = subprocess.run([course, "up"], cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
+    urls = dict(re.findall(r"^(REDIS_URL|DATABASE_URL)=(\S+)$", up.stdout, re.M))
+    if len(urls) != 2:
+        raise SystemExit(f"the baseline's course up printed no server URLs:\n{up.stdout}{up.stderr}")
+    try:
+        yield urls
+    finally:
+        subprocess.run([course, "down"], cwd=checkout, env=env, capture_output=True, timeout=120)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _versus(chapters: list[str], baseline: Path, repeat: int, env: dict, their_env: dict) -> dict:
+    from autograder import grading
+
     out = {}
     for chapter in chapters:
         ours, theirs = [], []
         for _ in range(repeat):
-            theirs.append(_course_check(baseline, chapter, env))
+            theirs.append(_course_check(baseline, chapter, their_env))
             ours.append(_course_check(REPO, chapter, env))
         job = grading.build_job(chapter, grading.read_manifest(chapter), _solution(chapter))
         t0 = time.perf_counter()
