@@ -387,18 +387,8 @@ def start_redis(directory: Path, *, databases: int = REDIS_DATABASES) -> tuple[s
 #: is off while ``max_prepared_transactions`` is 0, and logical decoding from a replication
 #: slot needs ``wal_level = logical``. The notebooks' pools hold up to 20 connections each
 #: (kept and reused by a re-run): 300 connections leave room for a test
-#: suite's parallel notebooks and grading runs. ``synchronous_commit = off``: these are scratch
-#: servers whose data folder is made new at every start, so a COMMIT need not wait for its WAL
-#: flush (what it makes visible, and when, is unchanged; only a crash of the server itself could
-#: lose the last fraction of a second of commits, and nothing here survives one anyway). Measured:
-#: CREATE DATABASE in 0.1 s instead of 0.35 s on 2 cores, which every notebook, test and grading
-#: run pays for, and every commit a demo or check makes skips an fsync. All take effect at start.
-POSTGRES_SETTINGS = {
-    "max_prepared_transactions": "16",
-    "wal_level": "logical",
-    "max_connections": "300",
-    "synchronous_commit": "off",
-}
+#: suite's parallel notebooks and grading runs. All take effect only at server start.
+POSTGRES_SETTINGS = {"max_prepared_transactions": "16", "wal_level": "logical", "max_connections": "300"}
 
 
 def _short_dir() -> Path:
