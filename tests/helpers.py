@@ -112,6 +112,12 @@ def servers_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **backends.servers().as_env(), "PATH": path, **extra}
 
 
+def clear_runtime_folder(uid: int) -> None:
+    """``/tmp/resilient-course-UID``, gone: an account made by a test may get the uid of one an earlier test
+    removed, and what that one left (its servers' runtime folder) is not the new account's."""
+    shutil.rmtree(f"/tmp/resilient-course-{uid}", ignore_errors=True)
+
+
 def account_python(
     uid: int, gid: int, env: dict[str, str], imports: str, cwd: Path | None = None
 ) -> tuple[str, dict[str, str]] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from course.kit import backends, cli
-from tests.helpers import account_python
+from tests.helpers import account_python, clear_runtime_folder
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -351,6 +352,7 @@ def two_accounts():
         for name in names:
             subprocess.run(["useradd", "-m", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
             made.append(name)
+            clear_runtime_folder(pwd.getpwnam(name).pw_uid)
         accounts = []
         for name in names:
             entry = pwd.getpwnam(name)
@@ -364,6 +366,8 @@ def two_accounts():
     finally:
         for name in made:
             subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+            with contextlib.suppress(KeyError):
+                clear_runtime_folder(pwd.getpwnam(name).pw_uid)
             subprocess.run(["userdel", "-r", name], capture_output=True)
 
 

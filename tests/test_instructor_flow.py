@@ -32,6 +32,7 @@ not graded with the reason, and a time per submission that no learner chose.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import json
@@ -51,7 +52,7 @@ from pathlib import Path
 import pytest
 
 from autograder import settings
-from tests.helpers import account_python, make_handout
+from tests.helpers import account_python, clear_runtime_folder, make_handout
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -275,6 +276,7 @@ def _learners(base: Path, exchange: Path, handout: Path, created: list[str] | No
             created.append(name)
             entry = pwd.getpwnam(name)
             uid, gid = entry.pw_uid, entry.pw_gid
+            clear_runtime_folder(uid)  # left by an earlier test's account with this uid
         env = _base_env(home, name)
         learner = Account(name, home, env, uid, gid)
         _jupyter_config(home, exchange)
@@ -331,6 +333,8 @@ def machine():
     finally:
         for name in created:
             subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)  # a server a failed step left
+            with contextlib.suppress(KeyError):
+                clear_runtime_folder(pwd.getpwnam(name).pw_uid)
             subprocess.run(["userdel", name], capture_output=True)
         for path in m.planted if "m" in locals() else []:
             shutil.rmtree(path, ignore_errors=True)

@@ -662,7 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--due", help='due date, e.g. "2026-12-15 17:00:00 UTC"')
     p.set_defaults(fn=assign_cmd)
     sub.add_parser(
-        "handout", help="instructors: a class's copy without solutions, tests or the course's answers", add_help=False
+        "handout",
+        help="instructors: a class's copy without solutions, tests or the course's answers",
+        add_help=False,
     )
     for name, what in (
         ("drill", "interview drills with spaced repetition (--export deck.apkg for Anki)"),

@@ -11,10 +11,10 @@ import functools
 import inspect
 from collections.abc import Callable
 
+from autograder import references
 from autograder.checks.ch01.common import REAL_LIMIT, Cut, bounded
 from autograder.checks.ch01.versions import CORRECT, MUTANTS
 from autograder.harness import Report, error_line, task
-from autograder import references
 from autograder.probes import seeded_random
 from course.retry import with_retry as reference_with_retry
 
