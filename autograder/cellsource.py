@@ -42,3 +42,28 @@ def cell_source(obj) -> tuple[str, str] | None:
         return None
     lines = linecache.getlines(code.co_filename)
     return (code.co_filename, "".join(lines)) if lines else None
+
+
+def unfinished(obj) -> bool:
+    """Is ``obj`` a function still as it was handed out: its body (after a docstring) only ``raise
+    NotImplementedError``? Nothing else is: a class, a wrapped function, anything whose source cannot be
+    read goes to its check, which finds out by calling it. (A learner's process may say so of any answer:
+    an answer said to be unfinished scores zero, so saying it gains nothing.)"""
+    import ast
+    import textwrap
+
+    if not inspect.isfunction(obj) or hasattr(obj, "__wrapped__"):
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return False
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # its docstring
+    if len(body) != 1 or not isinstance(body[0], ast.Raise):
+        return False
+    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"

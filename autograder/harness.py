@@ -298,6 +298,21 @@ def _stop_thread(worker: threading.Thread, seconds: float = 2.0) -> None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), None)
 
 
+def _unfinished(namespace, names) -> bool:
+    """Is every answer ``names`` names a function still as handed out? Its check would only build its
+    scenario (a database, tables, rows) to meet NotImplementedError: a learner who ran Validate on a
+    half-done notebook, or a class handing in unfinished tasks, waited for that."""
+    from autograder.cellsource import unfinished
+
+    ask = getattr(namespace, "unfinished", None)  # a learner in another process answers for its own names
+    try:
+        if ask is not None:
+            return bool(ask(names))
+        return bool(names) and all(unfinished(namespace[name]) for name in names)
+    except Exception:  # noqa: BLE001 - not known: the check finds out
+        return False
+
+
 def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
     """Run one task's check against names taken from ``namespace``; never raises."""
     start = time.perf_counter()
@@ -307,6 +322,9 @@ def run_task(t: Task, namespace: dict, *, public: bool = False) -> Result:
         r.fail(f"{', '.join(missing)} is not defined: run the cell that defines it, then this one", stop=False)
         return Result(t.id, 0.0, t.points, r.lines, 0.0)
     args = [namespace[name] for name in t.needs]
+    if _unfinished(namespace, t.needs):  # every answer still the stub handed out: nothing to run it against
+        r.fail(f"not done yet: {', '.join(t.needs)} raises NotImplementedError", stop=False)
+        return Result(t.id, 0.0, t.points, r.lines, time.perf_counter() - start, not_done=True)
 
     outcome: dict = {}
 

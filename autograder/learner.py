@@ -217,6 +217,12 @@ class Root:
     def has(self, name: str) -> bool:
         return name in self.namespace
 
+    def unfinished(self, names: list[str]) -> bool:
+        """Is every one of ``names`` a function still as handed out (see :func:`cellsource.unfinished`)?"""
+        from autograder.cellsource import unfinished
+
+        return bool(names) and all(unfinished(self.namespace.get(name)) for name in names)
+
     def get(self, name: str):
         return self.namespace[name]
 

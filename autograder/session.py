@@ -155,6 +155,7 @@ _ROOT_METHODS = {
     "exec_cell": True,
     "names": False,
     "has": False,
+    "unfinished": False,
     "get": False,
     "replica": False,
     "set": False,
@@ -451,6 +452,10 @@ class RemoteNamespace(Mapping):
         found = self.get(name, default)
         self.learner.root.delete(name)
         return found
+
+    def unfinished(self, names) -> bool:
+        """Is every one of ``names`` still the function handed out? (Asked of the learner's process.)"""
+        return bool(self.learner.root.unfinished(list(names)))
 
     def call_seeing_args(self, name: str, *args) -> tuple:
         """``name(*args)`` in the learner's process, and its arguments as it left them."""

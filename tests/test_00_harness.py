@@ -331,3 +331,42 @@ def test_a_dataclass_answer_runs_and_replicates_as_in_the_notebook():
     )
     again = harness.replica(namespace, "Counter")
     assert again is not namespace["Counter"] and again().pending == {}
+
+
+def test_an_answer_still_as_handed_out_is_not_done_without_running_its_check():
+    """A function whose body is only ``raise NotImplementedError`` (after a docstring or comments) is the
+    stub handed out: its task is "not done yet" before the check builds anything. Anything else runs."""
+    from autograder.cellsource import unfinished
+    from autograder.harness import run_cell
+
+    source = '''
+async def stub(a, b=1):
+    """What it does."""
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+def bare():
+    raise NotImplementedError
+
+def started():
+    x = 1
+    raise NotImplementedError
+
+def other():
+    raise ValueError("no")
+
+import functools
+@functools.lru_cache
+def wrapped():
+    raise NotImplementedError
+
+class Stubbed:
+    def go(self):
+        raise NotImplementedError
+'''
+    namespace: dict = {"__name__": "__learner__"}
+    run_cell(source, namespace, "<answer stubs>")
+    assert unfinished(namespace["stub"]) and unfinished(namespace["bare"])
+    for name in ("started", "other", "wrapped", "Stubbed"):
+        assert not unfinished(namespace[name]), name
+    assert not unfinished(len) and not unfinished(lambda: None)
