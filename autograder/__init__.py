@@ -8,7 +8,9 @@ if _sys.version_info < (3, 12):
     # CPython 3.11 keeps one counter for the AST objects being built; two threads building them at
     # once (the grader reads answer cells in one while a check starts a replica in another) can raise
     # "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). One at a time.
-    _parse, _parsing = _ast.parse, _threading.Lock()
+    # Re-entrant: a parse can run a finalizer (garbage collection) that logs an error, and formatting
+    # its traceback parses again in the same thread (3.11's caret anchors); a plain lock deadlocked there.
+    _parse, _parsing = _ast.parse, _threading.RLock()
 
     def _one_at_a_time(*args, **kwargs):
         with _parsing:

@@ -14,8 +14,9 @@ Parts (``--only`` picks some):
 - ``suite``: ``make test``'s tests, timed from pytest's JUnit report and summed per group
   (the toolkit and grader, each chapter, the instructor's flow), so a new chapter's cost shows;
 - ``versus`` (only when asked, with ``--baseline PATH``): ``course check`` of each solution with this
-  checkout and another (an earlier version, made with ``git worktree add``), alternating, and where
-  one run's time goes (interpreter starts, sandboxes, databases, each cell and each task's checks);
+  checkout and another (an earlier version, made with ``git worktree add``, with servers its own
+  ``course up`` starts), alternating, and where one run's time goes (interpreter starts, sandboxes,
+  databases, each cell and each task's checks);
 - ``determinism`` (only when asked, ``--only determinism``): every kept wrong solution
   (``WRONG`` in ``tests/test_NN_grading.py``) graded ``--runs`` times in one process
   (``COURSE_DETERMINISM_RUNS``, default 20); prints each one whose points, verdict or
