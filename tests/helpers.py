@@ -177,3 +177,22 @@ def make_handout(dest: Path) -> Path:
         shutil.rmtree(stage)
     dest.chmod(0o644)
     return dest
+
+
+def kept_wrong_solutions() -> list[tuple[str, str, str, bool]]:
+    """``(task, name, source, random)`` of every WRONG entry of every chapter's grading tests;
+    ``random`` when the module lists it in ``RANDOM_BY_DESIGN`` (its own output differs per run)."""
+    import importlib
+
+    from autograder import harness
+
+    found = []
+    for chapter in harness.chapters():
+        if not (Path(__file__).resolve().parent / f"test_{chapter}_grading.py").exists():
+            continue
+        module = importlib.import_module(f"tests.test_{chapter}_grading")
+        randoms = getattr(module, "RANDOM_BY_DESIGN", set())
+        for task_id, entries in sorted(getattr(module, "WRONG", {}).items()):
+            for name, (source, _mentions) in sorted(entries.items()):
+                found.append((task_id, name, source, (task_id, name) in randoms))
+    return found

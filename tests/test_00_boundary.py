@@ -11,31 +11,21 @@ and asks for one outcome.
 
 from __future__ import annotations
 
-import importlib
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from autograder import harness
 from autograder.session import grade_source
-from tests.helpers import outcome_of, run_source
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import kept_wrong_solutions, outcome_of, run_source
 
 
 def first_wrong_answers() -> list[tuple[str, str, str]]:
-    found = []
-    for chapter in harness.chapters():
-        if not (ROOT / "tests" / f"test_{chapter}_grading.py").exists():
-            continue
-        module = importlib.import_module(f"tests.test_{chapter}_grading")
-        randoms = getattr(module, "RANDOM_BY_DESIGN", set())
-        for task_id, entries in sorted(getattr(module, "WRONG", {}).items()):
-            for name, (source, _mentions) in sorted(entries.items()):
-                if (task_id, name) not in randoms:
-                    found.append((task_id, name, source))
-                    break
+    """The first kept wrong answer of each task (by name) whose own output is not random by design."""
+    found, seen = [], set()
+    for task_id, name, source, random_by_design in kept_wrong_solutions():
+        if task_id not in seen and not random_by_design:
+            seen.add(task_id)
+            found.append((task_id, name, source))
     return found
 
 

@@ -14,15 +14,12 @@ test-determinism`` for more), or grade with more repeats through ``make bench``
 
 from __future__ import annotations
 
-import importlib
 import os
-from pathlib import Path
 
 import pytest
 
-from autograder import harness
 from autograder.session import grade_source
-from tests.helpers import outcome_of, run_source
+from tests.helpers import kept_wrong_solutions, outcome_of, run_source
 
 pytestmark = pytest.mark.determinism
 
@@ -41,24 +38,6 @@ def _grade(task_id: str, source: str):
     import textwrap
 
     return grade_source(task_id, textwrap.dedent(source))
-
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def kept_wrong_solutions() -> list[tuple[str, str, str, bool]]:
-    """``(task, name, source, random)`` of every WRONG entry of every chapter's grading tests;
-    ``random`` when the module lists it in ``RANDOM_BY_DESIGN`` (its own output differs per run)."""
-    found = []
-    for chapter in harness.chapters():
-        if not (ROOT / "tests" / f"test_{chapter}_grading.py").exists():
-            continue
-        module = importlib.import_module(f"tests.test_{chapter}_grading")
-        randoms = getattr(module, "RANDOM_BY_DESIGN", set())
-        for task_id, entries in sorted(getattr(module, "WRONG", {}).items()):
-            for name, (source, _mentions) in sorted(entries.items()):
-                found.append((task_id, name, source, (task_id, name) in randoms))
-    return found
 
 
 CASES = kept_wrong_solutions()
