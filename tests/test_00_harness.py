@@ -394,3 +394,31 @@ def test_a_parse_that_parses_again_in_its_own_thread_goes_on():
     worker.start()
     worker.join(10)
     assert done, "a parse inside a parse in one thread waited for itself"
+
+
+def test_no_collection_runs_inside_a_parse_so_no_finalizer_parses_inside_one(monkeypatch):
+    """3.11: a finalizer that parses (a logged traceback's caret anchors), run by a collection in the
+    middle of a parse, reset the counter the outer parse checks at its end: SystemError, AST constructor
+    recursion depth mismatch (make test met it). The collector is off for the length of a parse, and on
+    again after it, also when the parse fails."""
+    import ast
+    import gc
+    import sys
+
+    import autograder
+
+    if sys.version_info >= (3, 12):
+        pytest.skip("the parse lock is 3.11's alone")
+    seen: list[bool] = []
+    real = autograder._parse  # noqa: SLF001
+
+    def parse(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(autograder, "_parse", parse)
+    assert gc.isenabled()
+    ast.parse("x = 1")
+    with pytest.raises(SyntaxError):
+        ast.parse("x = (")
+    assert seen == [False, False] and gc.isenabled()
