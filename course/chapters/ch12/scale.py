@@ -89,8 +89,10 @@ def _wait(ready, timeout: float = 10.0) -> None:
 def aof_after_kill(entries: int = 2_000) -> dict:
     """A Redis of the demo's own, ``appendonly yes`` (``appendfsync`` left at its default,
     ``everysec``): ``entries`` XADDs, acknowledged, then SIGKILL and a restart from the AOF.
-    Returns the fsync policy, how many entries were acknowledged and how many came back.
-    Blocking: run it in a thread."""
+    Returns the fsync policy, how many entries were acknowledged, how many bytes of them Redis
+    still held unwritten just before the kill (``held``: under ``everysec`` it postpones its write,
+    for up to 2 s, while the last background fsync has not finished, and replies all the same)
+    and how many came back. Blocking: run it in a thread."""
     import redis
 
     run = backends.new_run_dir("ch12-aof-")
@@ -114,6 +116,7 @@ def aof_after_kill(entries: int = 2_000) -> dict:
         for i in range(entries):
             pipe.xadd("clicks", {"c": i})
         acknowledged = sum(1 for reply in pipe.execute() if reply)
+        held = int(client.info("persistence").get("aof_buffer_length", 0))
         client.close()
         proc.kill()  # SIGKILL: no shutdown, no final fsync
         proc.wait()
@@ -137,7 +140,7 @@ def aof_after_kill(entries: int = 2_000) -> dict:
         _wait(answers)
         back = client.xlen("clicks")
         client.close()
-        return {"policy": policy, "acknowledged": acknowledged, "after_kill": back}
+        return {"policy": policy, "acknowledged": acknowledged, "held": held, "after_kill": back}
     finally:
         backends.stop_embedded(run, redis_proc=proc)
 
