@@ -108,11 +108,28 @@ def server_problem(env: dict[str, str], *, namespace: bool = False) -> str | Non
                     conn.execute("CREATE TABLE health (id int)")
                 ns.redis_sync().set("health", 1)
         except Exception as err:  # noqa: BLE001
-            problems.append(
-                f"the servers answer but a grading namespace cannot be made there ({type(err).__name__}: "
-                f"{(str(err).strip().splitlines() or [''])[0][:200]}): does the account in DATABASE_URL "
-                "have CREATEDB, and has Redis enough logical databases?"
-            )
+            problems.append(_no_namespace(err))
     if not problems:
         return None
     return "; ".join(problems) + ". " + NEXT_STEP
+
+
+def _no_namespace(err: BaseException) -> str:
+    return (
+        f"the servers answer but a grading namespace cannot be made there ({type(err).__name__}: "
+        f"{(str(err).strip().splitlines() or [''])[0][:200]}): does the account in DATABASE_URL "
+        "have CREATEDB, and has Redis enough logical databases?"
+    )
+
+
+def namespace_problem(err: BaseException) -> str | None:
+    """What to tell when a grading run could not make its namespace because of ``err``: None unless
+    ``err`` is the servers' (a refusal or a lost connection), said as :func:`server_problem` says it."""
+    import psycopg
+    import redis as redis_sync
+
+    from course.kit import backends
+
+    if not isinstance(err, (psycopg.Error, redis_sync.RedisError, backends.BackendError, ConnectionError)):
+        return None
+    return _no_namespace(err) + ". " + NEXT_STEP

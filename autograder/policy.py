@@ -85,10 +85,18 @@ class GraderPolicy(wire.Policy):
     trusting = False
 
     def __init__(self) -> None:
-        self._exposed = _exposed()
+        self._exposed_types: list[tuple[type, frozenset[str]]] | None = None
         self.stubbed: frozenset[str] = frozenset()  # the references kept from the learner: never by import
         self.redis_gate = ""  # the socket of the checks' Redis gate (set by the session)
         self.pg_role = ""  # the run's role (set by the session)
+
+    @property
+    def _exposed(self) -> list[tuple[type, frozenset[str]]]:
+        """Read on first use: importing them (httpx, by course.retry) is 0.1 s a run needs only once the
+        checks run, not before its learner processes start."""
+        if self._exposed_types is None:
+            self._exposed_types = _exposed()
+        return self._exposed_types
 
     def allowed(self, obj, name: str) -> bool:
         for cls, names in self._exposed:

@@ -57,14 +57,31 @@ def grade(job: dict, emit) -> None:
     from autograder import session as sessions
 
     timeout = float(job.get("cell_timeout", 60))
-    with sessions.Session(job["chapter"], unsandboxed=job.get("sandbox") == "off", cell_timeout=timeout) as session:
-        session.start()  # the learner processes import while the checks load here
+    try:
+        session = sessions.Session(job["chapter"], unsandboxed=job.get("sandbox") == "off", cell_timeout=timeout)
+    except Exception as err:
+        _refused(err, emit)
+        return
+    with session:
+        # the learner processes start, importing what the setup cells import, while the run's database is
+        # made and the checks load here
+        session.start(
+            [c["source"] for c in job["cells"] if c["kind"] == "setup"],
+            [c["task"] for c in job["cells"] if c["kind"] == "test"],
+        )
         mark = time.perf_counter()
         tasks = {t.id: t for t in harness.load_chapter(job["chapter"])}
         session.phases["checks loaded"] = time.perf_counter() - mark
-        for cell in job["cells"]:
+        try:
+            session.wait_namespace()
+        except Exception as err:
+            _refused(err, emit)
+            return
+        last = max((i for i, c in enumerate(job["cells"]) if c["kind"] == "test"), default=-1)
+        for i, cell in enumerate(job["cells"]):
             mark = time.perf_counter()
             if cell["kind"] == "test":
+                session.spares.ahead = i < last  # no namespace made ahead for a check that never comes
                 emit({"event": "task-start", "id": cell["task"]})
                 if cell["task"] in tasks:
                     emit(_grade_task(session, tasks[cell["task"]], timeout))
@@ -76,6 +93,17 @@ def grade(job: dict, emit) -> None:
         mark = time.perf_counter()
     session.phases["cleanup"] = time.perf_counter() - mark
     emit({"event": "phases", "seconds": {k: round(v, 3) for k, v in session.phases.items()}})
+
+
+def _refused(err: Exception, emit) -> None:
+    """The run could not make its namespace: the servers' refusal, said as one "servers" event (the
+    parent raises ServersDown: nothing graded); anything else is the grader's own failure."""
+    from autograder import health
+
+    problem = health.namespace_problem(err)
+    if problem is None:
+        raise err
+    emit({"event": "servers", "error": problem})
 
 
 def _run_cell(session, cell: dict, timeout: float) -> dict:

@@ -17,10 +17,12 @@ in can only be called.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,6 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
@@ -46,6 +49,7 @@ class Learner:
 
     def __init__(self, session: Session, index: int, env: dict[str, str] | None = None) -> None:
         self.session, self.index = session, index
+        self.env = dict(env or {})  # hashseed=, skew=: fixed when the interpreter starts
         self.history: list[tuple[str, str, str]] = []  # cells run here, in order
         work = session.work / f"learner-{index}-{os.urandom(3).hex()}"
         work.mkdir()
@@ -88,6 +92,7 @@ class Learner:
             "redis": inside["REDIS_URL"].split("?")[0],
             "skew": (env or {}).get("skew", 0),
             "stubs": session.stub_specs,
+            "preload": session.preload,
         }
         given = {
             "name": nsdb.name,
@@ -179,9 +184,6 @@ class Session:
     """A grading run's learners, privileges and gateways. Use as a context manager (it cleans up)."""
 
     def __init__(self, chapter: str, *, unsandboxed: bool = False, cell_timeout: float = 60.0) -> None:
-        from autograder.privileges import RunPrivileges
-        from course.kit import backends, lab
-
         started = time.perf_counter()
         #: where a run's time goes (seconds): reported by the runner, read by benchmarks/run.py
         self.phases: dict[str, float] = {}
@@ -190,11 +192,23 @@ class Session:
         self.cell_timeout = cell_timeout
         self.policy = GraderPolicy()
         self.work = Path(tempfile.mkdtemp(prefix="course-grade-"))
-        self.learners: list[Learner] = []
         self.history: list[tuple[str, str, str]] = []  # the job's cells run so far (a new process replays them)
         self._cycles: dict[tuple, asyncio.Future] = {}  # settling in progress, per loop (see settled)
         self.databases: set[str] = set()
         self.redis_dbs: set[int] = set()
+        self.learners: list[Learner] = []
+        self.ready: list[Learner] = []
+        try:
+            self._make(chapter)
+        except BaseException:
+            self._abandon()  # a run that could not start leaves nothing behind: no role, folder or thread
+            raise
+        self.phases["session in all"] = time.perf_counter() - started
+
+    def _make(self, chapter: str) -> None:
+        from autograder.privileges import RunPrivileges
+        from course.kit import backends, lab
+
         srv = backends.servers()
         self.servers = srv
         mark = time.perf_counter()
@@ -223,15 +237,39 @@ class Session:
         self._hook = self._grant
         lab.created_hooks.append(self._hook)
         self.lock = threading.Lock()
-        mark = time.perf_counter()
-        self.namespace = lab.create(f"grade_{chapter}")
-        self.phases["database and Redis namespace"] = time.perf_counter() - mark
+        #: the checks' scratch namespaces, each made ahead, between checks (see lab.Spares)
+        self.spares = lab.spares = lab.Spares(f"scratch_{chapter[:2]}")
+        # the run's namespace: its name and Redis database now, its database made while the learner
+        # processes start (they connect only when the first cell runs: see wait_namespace)
+        self.namespace = lab.reserve(f"grade_{chapter}")
+        self._namespace_made = _in_thread(self._make_namespace)
         #: learner processes the chapter's checks use at once (``PROCESSES`` in its check modules): started
         #: together, each runs every cell, so a replica is ready when a check asks for it
         self.processes = max(1, int(references.declared(chapter, "PROCESSES", 1)))
-        self.phases["session in all"] = time.perf_counter() - started
+        #: the ``import`` lines of the job's setup cells: each learner process runs them as it starts
+        self.preload: list[str] = []
+        #: the extra processes a task's check will ask for (``FRESH_PROCESSES`` in its check modules, by
+        #: task: ``hashseed=``, ``skew=``, which a running interpreter cannot change), started once the
+        #: setup cells ran when the job grades that task, so the check waits for the cells to be replayed
+        #: there, not for an interpreter to start
+        self.fresh_envs: dict[str, list[dict]] = {
+            task: [dict(x) for x in envs] for task, envs in references.declared(chapter, "FRESH_PROCESSES", {}).items()
+        }
+        self.tasks: list[str] | None = None  # the job's tasks (start() is told): else the answer cell's
 
     # ---------------------------------------------------------------- namespaces
+
+    def _make_namespace(self) -> None:
+        from course.kit import lab
+
+        mark = time.perf_counter()
+        lab.make_database(self.namespace)
+        self.phases["database and Redis namespace"] = time.perf_counter() - mark
+        self.spares.begin()  # not before: two databases made at once would both come later
+
+    def wait_namespace(self) -> None:
+        """Until the run's database is made; its error (the servers') if it could not be."""
+        self._namespace_made.result()
 
     def _grant(self, ns) -> None:
         """A namespace made in this process: the learner's role may use it, and the checks' own Redis
@@ -256,8 +294,12 @@ class Session:
             self.learners.append(learner)
         return learner
 
-    def start(self) -> None:
-        """Start every learner process the chapter uses (their interpreters start side by side)."""
+    def start(self, setup_sources: list[str] = (), tasks: list[str] | None = None) -> None:
+        """Start every learner process the chapter uses (their interpreters start side by side, each
+        importing what ``setup_sources``, the job's trusted setup cells, import); ``tasks``: the ones
+        the job grades (whose extra processes start after the setup cells)."""
+        self.preload = import_lines(setup_sources)
+        self.tasks = tasks
 
         async def start_all() -> list[Learner]:
             return [Learner(self, i, None) for i in range(self.processes)]
@@ -267,6 +309,21 @@ class Session:
         self.phases["sandboxes started"] = time.perf_counter() - mark
         with self.lock:
             self.learners.extend(made)
+
+    def _start_fresh(self, tasks: list[str]) -> None:
+        """Start the processes of :attr:`fresh_envs` of ``tasks``, once: after the setup cells, whose
+        imports would otherwise share the cores with theirs, so they start while the first checks run."""
+        from autograder import processes
+
+        envs = [env for task in tasks for env in self.fresh_envs.pop(task, [])]
+
+        async def start_all() -> list[Learner]:
+            return [Learner(self, next(processes._indices), env) for env in envs]  # noqa: SLF001
+
+        if envs:
+            made = self.control.run(start_all(), 120)
+            with self.lock:
+                self.ready.extend(made)
 
     def _catch_up(self, learner: Learner) -> Learner:
         missing = self.history[len(learner.history) :]
@@ -280,7 +337,13 @@ class Session:
         for x in self.learners:
             if x.index == index and x.alive:
                 return self._catch_up(x)
-        return self._catch_up(self.spawn(index, env))
+        with self.lock:
+            started = next((x for x in self.ready if x.env == dict(env or {}) and x.alive), None)
+            if started is not None:
+                self.ready.remove(started)
+                started.index = index
+                self.learners.append(started)
+        return self._catch_up(started or self.spawn(index, env))
 
     def main(self) -> Learner:
         return self.learner(0)
@@ -290,6 +353,9 @@ class Session:
         EXISTS run by two processes at once can collide in PostgreSQL's catalog: one of them raises a
         UniqueViolation a notebook never meets); process 0's result is the cell's. A cell that overruns
         ends them (it is not replayed in the processes that start after)."""
+        self.wait_namespace()
+        if kind != "setup":
+            self._start_fresh(self.tasks if self.tasks is not None else [cell_id])
         replicas = [self.learner(i) for i in range(self.processes)]
 
         async def everywhere() -> list:
@@ -386,13 +452,43 @@ class Session:
             if quiet:
                 return
 
+    def _abandon(self) -> None:
+        """Undo what :meth:`_make` made before it failed (each part only if it was made)."""
+        from course.kit import lab
+
+        made = getattr(self, "_namespace_made", None)
+        if made is not None:
+            with contextlib.suppress(Exception):
+                made.result()
+        if getattr(self, "namespace", None) is not None:
+            with contextlib.suppress(Exception):
+                lab._forget(self.namespace)  # noqa: SLF001
+        if getattr(self, "spares", None) is not None:
+            if lab.spares is self.spares:
+                lab.spares = None
+            self.spares.close()
+        with contextlib.suppress(ValueError, AttributeError):
+            lab.created_hooks.remove(self._hook)
+        for name in ("gateways", "control"):
+            loop = getattr(self, name, None)
+            if loop is not None:
+                loop.stop()
+        if getattr(self, "privileges", None) is not None:
+            self.privileges.drop()
+        shutil.rmtree(self.work, ignore_errors=True)
+
     def close(self) -> None:
         from course.kit import lab
 
         with contextlib.suppress(ValueError):
             lab.created_hooks.remove(self._hook)
-        for learner in self.learners:
+        for learner in self.learners + self.ready:
             learner.kill()
+        with contextlib.suppress(Exception):
+            self.wait_namespace()  # made (or failed) before it is dropped
+        if lab.spares is self.spares:
+            lab.spares = None
+        self.spares.close()  # before the role goes: a database it may still use is dropped first
         with contextlib.suppress(Exception):
             lab._forget(self.namespace)  # noqa: SLF001
         self.gateways.stop()
@@ -405,6 +501,36 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _in_thread(fn) -> Future:
+    """``fn()`` on a thread of its own, as a future."""
+    done: Future = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as err:  # noqa: BLE001 - handed to whoever waits
+            done.set_exception(err)
+
+    threading.Thread(target=run, name="namespace", daemon=True).start()
+    return done
+
+
+def import_lines(sources) -> list[str]:
+    """The top-level absolute ``import`` statements of ``sources`` (cells), each as one line of source."""
+    lines: list[str] = []
+    for source in sources:
+        try:
+            tree = ast.parse(re.sub(r"^(\s*)[%!].*$", r"\1pass", source, flags=re.MULTILINE))  # magics
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and not node.level):
+                line = ast.unparse(node)
+                if line not in lines:
+                    lines.append(line)
+    return lines
 
 
 def _redis_target(url: str) -> tuple:

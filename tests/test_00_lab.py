@@ -76,3 +76,53 @@ def test_a_process_that_cannot_see_the_hosts_processes_records_its_given_owner_a
     assert not lab._owner_dead(gone)
     monkeypatch.delenv(lab.OWNER_ENV)
     assert lab._owner_dead(gone)
+
+
+async def test_spares_hand_out_namespaces_made_between_checks_and_drop_each_one(monkeypatch):
+    """A grading run's scratch namespaces (lab.Spares): the one a check gets was made before it asked, the
+    next one is made once the check's own is dropped (never while a check's code runs), none is made past
+    the last check, and close() leaves nothing."""
+    spares = lab.Spares("spare")
+    monkeypatch.setattr(lab, "spares", spares)
+    spares.begin()
+    first = spares._next.result()  # made before anybody asked for it
+    async with lab.scratch("any label") as ns:
+        assert ns is first and spares._next is None  # nothing is made while the check runs
+        ns.redis_sync().set("k", "v")
+        with ns.connect() as conn:
+            conn.execute("CREATE TABLE t (id int)")
+    admin, redis_url = first.servers.database_url, first.servers.redis_url
+    assert first.name not in _databases(admin)  # dropped when the check's block ended
+    ahead = spares._next  # the next check's, being made meanwhile
+    assert ahead is not None
+    spares.ahead = False  # the last check
+    async with lab.scratch() as last:
+        assert last is ahead.result() and last.name != first.name
+    assert spares._next is None
+    spares.close()
+    assert not {first.name, last.name} & _databases(admin)
+    claims = redis_sync.Redis.from_url(lab._redis_url_with_db(redis_url, 0))
+    assert claims.get(f"{lab.CLAIM_PREFIX}{first.redis_db}") is None
+    assert claims.get(f"{lab.CLAIM_PREFIX}{last.redis_db}") is None
+
+    unused = lab.Spares("spare")
+    unused.begin()
+    never_taken = unused._next.result()
+    unused.close()
+    assert never_taken.name not in _databases(admin) and never_taken not in lab._open
+
+
+def test_a_drop_ends_the_databases_sessions_first():
+    ns = lab.create("busy")
+    held = psycopg.connect(ns.database_url, autocommit=True)
+    lab._forget(ns)
+    assert ns.name not in _databases(ns.servers.database_url)
+    assert held.closed or held.broken or _raises_on_use(held)
+
+
+def _raises_on_use(conn) -> bool:
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.OperationalError:
+        return True
+    return False

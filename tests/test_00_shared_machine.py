@@ -185,6 +185,53 @@ def test_servers_that_do_not_answer_stop_grading_before_anything_is_made(monkeyp
     assert made == [], "a grading run that cannot start made temporary folders"
 
 
+def test_servers_that_answer_but_cannot_make_a_namespace_stop_the_run_leaving_nothing(monkeypatch):
+    """`course check` does not make and drop a database just to see that it can (0.2-0.4 s of every check):
+    the run makes its namespace first, and one that cannot says so (a "servers" event) after making and
+    keeping nothing: no role, no run folder. The parent turns it into ServersDown, as before."""
+    import tempfile
+
+    import psycopg
+    import redis
+
+    from autograder import grading, runner
+    from autograder.privileges import ROLE_PREFIX
+    from course.kit import backends, lab
+
+    def refused(admin_url, name):
+        raise psycopg.errors.InsufficientPrivilege("permission denied to create database")
+
+    admin = backends.servers().database_url
+
+    def roles() -> set:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            rows = conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (ROLE_PREFIX + "%",))
+            return {row[0] for row in rows}
+
+    def claims() -> set:
+        with redis.Redis.from_url(backends.servers().redis_url) as client:
+            return set(client.keys(lab.CLAIM_PREFIX + "*"))
+
+    before, claimed = roles(), claims()
+    folders = set(Path(tempfile.gettempdir()).glob("course-grade-*"))
+    monkeypatch.setattr(lab, "_create_database", refused)
+    events = []
+    job = grading.build_job(CHAPTER, grading.read_manifest(CHAPTER), _solution())
+    runner.grade({**job, "sandbox": "off"}, events.append)
+    assert [e["event"] for e in events] == ["servers"]
+    assert "a grading namespace cannot be made there (InsufficientPrivilege" in events[0]["error"]
+    assert "CREATEDB" in events[0]["error"] and "Nothing was graded or recorded" in events[0]["error"]
+    assert roles() - before == set(), "a run that could not start left its role behind"
+    assert claims() - claimed == set(), "a run that could not start kept a Redis database claimed"
+    assert set(Path(tempfile.gettempdir()).glob("course-grade-*")) - folders == set()  # other workers' come and go
+    assert lab.created_hooks == [] and lab.spares is None
+
+    monkeypatch.setattr(grading, "_run_once", lambda job, timeout: grading._Run(events + [{"event": "done"}]))
+    with pytest.raises(grading.ServersDown) as caught:
+        grading.grade(CHAPTER, grading.read_manifest(CHAPTER), _solution(), sandbox="off")
+    assert str(caught.value) == events[0]["error"]
+
+
 def test_a_stale_unix_socket_is_named_with_the_next_step(tmp_path, monkeypatch):
     import socket
 

@@ -591,3 +591,5 @@ from autograder.checks.ch09.rules import REFERENCES, RULES  # noqa: E402,F401 - 
 #: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
 #: starts them together and runs every cell in each (autograder/session.py).
 PROCESSES = 2
+#: Processes of another PYTHONHASHSEED that check_hash_ring asks for, started once the setup cells ran.
+FRESH_PROCESSES = {"hash_ring": ({"hashseed": 1}, {"hashseed": 2})}

@@ -269,3 +269,6 @@ REFERENCES: dict[str, list[str]] = {
 #: Learner processes these checks use at once (process i holds replica i of an answer): a grading run
 #: starts them together and runs every cell in each (autograder/session.py).
 PROCESSES = 2
+#: A process of another PYTHONHASHSEED that check_encode_code asks for (in_fresh_process), started once
+#: the setup cells ran.
+FRESH_PROCESSES = {"encode_code": ({"hashseed": 1},)}
