@@ -84,10 +84,14 @@ async def test_spares_hand_out_namespaces_made_between_checks_and_drop_each_one(
     the last check, and close() leaves nothing."""
     spares = lab.Spares("spare")
     monkeypatch.setattr(lab, "spares", spares)
+    shown: list[str] = []
+    monkeypatch.setattr(lab, "created_hooks", [lambda ns: shown.append(ns.name)])
     spares.begin()
     first = spares._next.result()  # made before anybody asked for it
+    assert shown == []  # and shown to no hook (a run's grant to its learner's role) until it is taken
     async with lab.scratch("any label") as ns:
         assert ns is first and spares._next is None  # nothing is made while the check runs
+        assert shown == [first.name]
         ns.redis_sync().set("k", "v")
         with ns.connect() as conn:
             conn.execute("CREATE TABLE t (id int)")

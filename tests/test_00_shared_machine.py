@@ -213,7 +213,9 @@ def test_servers_that_answer_but_cannot_make_a_namespace_stop_the_run_leaving_no
             return set(client.keys(lab.CLAIM_PREFIX + "*"))
 
     before, claimed = roles(), claims()
-    folders = set(Path(tempfile.gettempdir()).glob("course-grade-*"))
+    # this run's folders only (other workers make theirs), in a short path (the run's sockets go there)
+    mine = Path(tempfile.mkdtemp(prefix="nsr-", dir="/tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(mine))
     monkeypatch.setattr(lab, "_create_database", refused)
     events = []
     job = grading.build_job(CHAPTER, grading.read_manifest(CHAPTER), _solution())
@@ -223,7 +225,8 @@ def test_servers_that_answer_but_cannot_make_a_namespace_stop_the_run_leaving_no
     assert "CREATEDB" in events[0]["error"] and "Nothing was graded or recorded" in events[0]["error"]
     assert roles() - before == set(), "a run that could not start left its role behind"
     assert claims() - claimed == set(), "a run that could not start kept a Redis database claimed"
-    assert set(Path(tempfile.gettempdir()).glob("course-grade-*")) - folders == set()  # other workers' come and go
+    assert list(mine.glob("course-grade-*")) == []
+    mine.rmdir()
     assert lab.created_hooks == [] and lab.spares is None
 
     monkeypatch.setattr(grading, "_run_once", lambda job, timeout: grading._Run(events + [{"event": "done"}]))

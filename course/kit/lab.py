@@ -389,11 +389,28 @@ def reserve(label: str = "run") -> Namespace:
     return ns
 
 
-def make_database(ns: Namespace) -> None:
-    """The PostgreSQL database of a :func:`reserve` d namespace; then :data:`created_hooks` see it."""
+def make_database(ns: Namespace, *, hooks: bool = True) -> None:
+    """The PostgreSQL database of a :func:`reserve` d namespace; then :data:`created_hooks` see it
+    (unless ``hooks`` is False: :class:`Spares` shows a namespace to them when it hands it out)."""
     _create_database(ns.servers.database_url, ns.name)
+    if hooks:
+        _created(ns)
+
+
+def _created(ns: Namespace) -> None:
     for hook in list(created_hooks):
         hook(ns)
+
+
+def _unannounced(label: str) -> Namespace:
+    """A namespace no hook has seen yet (a grading run's role has no access to it)."""
+    ns = reserve(label)
+    try:
+        make_database(ns, hooks=False)
+    except BaseException:
+        _forget(ns)
+        raise
+    return ns
 
 
 def current(label: str | None = None) -> Namespace:
@@ -439,8 +456,10 @@ class Spares:
     made while the run's setup cells run, each next one from the moment a check's scratch namespace is
     dropped, while the grader moves on to the next check, which finds it made (or waits for the rest)
     instead of waiting for all of CREATE DATABASE (0.1-0.3 s). None is made while a check's own code
-    runs, so the servers are as busy under a check as without spares. Set :attr:`ahead` to False
-    before the last check, so none is made for nothing; :meth:`close` drops what was not taken.
+    runs, so the servers are as busy under a check as without spares. A spare is shown to
+    :data:`created_hooks` (a run's grant to its role) only when a check takes it: until then the
+    learner's code cannot reach it, so it cannot prepare it. Set :attr:`ahead` to False before the
+    last check, so none is made for nothing; :meth:`close` drops what was not taken.
     """
 
     def __init__(self, label: str) -> None:
@@ -458,7 +477,7 @@ class Spares:
         with self._lock:
             if self._next is None and self.ahead:
                 try:
-                    self._next = self._makes.submit(create, self.label)
+                    self._next = self._makes.submit(_unannounced, self.label)
                 except RuntimeError:  # closed: a check that overran ends after its run
                     pass
 
@@ -467,7 +486,15 @@ class Spares:
     def take(self) -> Namespace:
         with self._lock:
             made, self._next = self._next, None
-        return made.result() if made is not None else create(self.label)
+        if made is None:
+            return create(self.label)
+        ns = made.result()
+        try:
+            _created(ns)
+        except BaseException:
+            _forget(ns)
+            raise
+        return ns
 
     def close(self) -> None:
         with self._lock:

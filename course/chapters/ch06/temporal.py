@@ -123,7 +123,10 @@ async def run_demo(pool, orders: list[dict], crash_order: dict) -> dict:
     logging.getLogger("temporalio").setLevel(logging.CRITICAL)  # failed activities are expected here
     t0 = time.perf_counter()
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary(), ui=False, dev_server_log_level="error"
+        dev_server_existing_path=binary(),
+        ui=False,
+        dev_server_log_level="error",
+        dev_server_startup_timeout=timedelta(seconds=60),  # the SDK's 5 s was too short on a loaded machine
     )
     started = time.perf_counter() - t0
     out: dict = {"server_start_s": started}
