@@ -455,8 +455,8 @@ class Spares:
     A grading run puts one in place (:data:`spares`) for its checks' ``lab.scratch()``: the first is
     made while the run's setup cells run, each next one from the moment a check's scratch namespace is
     dropped, while the grader moves on to the next check, which finds it made (or waits for the rest)
-    instead of waiting for all of CREATE DATABASE (0.1-0.3 s). None is made while a check's own code
-    runs, so the servers are as busy under a check as without spares. A spare is shown to
+    instead of waiting for all of CREATE DATABASE (0.1-0.3 s). None is made while a check's code runs
+    against its namespace, so the servers are as busy then as without spares. A spare is shown to
     :data:`created_hooks` (a run's grant to its role) only when a check takes it: until then the
     learner's code cannot reach it, so it cannot prepare it. Set :attr:`ahead` to False before the
     last check, so none is made for nothing; :meth:`close` drops what was not taken.
