@@ -201,7 +201,7 @@ class Session:
         try:
             self._make(chapter)
         except BaseException:
-            self._abandon()  # a run that could not start leaves nothing behind: no role, folder or thread
+            self._release()  # a run that could not start leaves nothing behind: no role, folder or thread
             raise
         self.phases["session in all"] = time.perf_counter() - started
 
@@ -452,23 +452,25 @@ class Session:
             if quiet:
                 return
 
-    def _abandon(self) -> None:
-        """Undo what :meth:`_make` made before it failed (each part only if it was made)."""
+    def _release(self) -> None:
+        """Drop what :meth:`_make` made, each part only if it was made (it may have failed half way):
+        the databases before the role that may still use them, then the threads and the run's folder."""
         from course.kit import lab
 
+        with contextlib.suppress(ValueError, AttributeError):
+            lab.created_hooks.remove(self._hook)
         made = getattr(self, "_namespace_made", None)
         if made is not None:
             with contextlib.suppress(Exception):
-                made.result()
+                made.result()  # made (or failed) before it is dropped
+        spares = getattr(self, "spares", None)
+        if spares is not None:
+            if lab.spares is spares:
+                lab.spares = None
+            spares.close()
         if getattr(self, "namespace", None) is not None:
             with contextlib.suppress(Exception):
                 lab._forget(self.namespace)  # noqa: SLF001
-        if getattr(self, "spares", None) is not None:
-            if lab.spares is self.spares:
-                lab.spares = None
-            self.spares.close()
-        with contextlib.suppress(ValueError, AttributeError):
-            lab.created_hooks.remove(self._hook)
         for name in ("gateways", "control"):
             loop = getattr(self, name, None)
             if loop is not None:
@@ -478,23 +480,9 @@ class Session:
         shutil.rmtree(self.work, ignore_errors=True)
 
     def close(self) -> None:
-        from course.kit import lab
-
-        with contextlib.suppress(ValueError):
-            lab.created_hooks.remove(self._hook)
         for learner in self.learners + self.ready:
             learner.kill()
-        with contextlib.suppress(Exception):
-            self.wait_namespace()  # made (or failed) before it is dropped
-        if lab.spares is self.spares:
-            lab.spares = None
-        self.spares.close()  # before the role goes: a database it may still use is dropped first
-        with contextlib.suppress(Exception):
-            lab._forget(self.namespace)  # noqa: SLF001
-        self.gateways.stop()
-        self.control.stop()
-        self.privileges.drop()
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._release()
 
     def __enter__(self) -> Session:
         return self
