@@ -352,11 +352,12 @@ def _given() -> Namespace | None:
     return ns
 
 
-def create(label: str = "run") -> Namespace:
-    """Make a new namespace on the live servers (dropped at exit if you forget)."""
+def create(label: str = "run", *, announce: bool = True) -> Namespace:
+    """Make a new namespace on the live servers (dropped at exit if you forget). ``announce=False``:
+    no :data:`created_hooks` see it yet (a grading run's role has no access to it)."""
     ns = reserve(label)
     try:
-        make_database(ns)
+        make_database(ns, hooks=announce)
     except BaseException:
         _forget(ns)
         raise
@@ -400,17 +401,6 @@ def make_database(ns: Namespace, *, hooks: bool = True) -> None:
 def _created(ns: Namespace) -> None:
     for hook in list(created_hooks):
         hook(ns)
-
-
-def _unannounced(label: str) -> Namespace:
-    """A namespace no hook has seen yet (a grading run's role has no access to it)."""
-    ns = reserve(label)
-    try:
-        make_database(ns, hooks=False)
-    except BaseException:
-        _forget(ns)
-        raise
-    return ns
 
 
 def current(label: str | None = None) -> Namespace:
@@ -477,7 +467,7 @@ class Spares:
         with self._lock:
             if self._next is None and self.ahead:
                 try:
-                    self._next = self._makes.submit(_unannounced, self.label)
+                    self._next = self._makes.submit(create, self.label, announce=False)
                 except RuntimeError:  # closed: a check that overran ends after its run
                     pass
 
